@@ -1,0 +1,201 @@
+// The backend interface (vLLM abstract.py + utils.py AttentionMetadataBuilder).
+//
+//   AttentionBackend        a registered implementation: capabilities, cache shape, factories
+//   AttentionMetadataBuilder "plan": once per step per KV-cache group, host work, no kernels
+//   AttentionMetadata       the plan: immutable, shared by every layer of the group
+//   AttentionImpl           "run": one per layer; writes the cache, attends. No allocation, no
+//                           host sync, no host reads the plan did not pin (graph capturable).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pagedattn/attention_type.h"
+#include "pagedattn/dtype.h"
+#include "pagedattn/kv_cache.h"
+#include "pagedattn/metadata.h"
+#include "pagedattn/tensor.h"
+
+namespace pagedattn {
+
+// What the selector checks a backend against (vLLM's selector arguments + the layer features).
+struct SelectorConfig {
+  int head_size = 128;
+  DType dtype = DType::bf16;           // activation dtype
+  std::string kv_cache_dtype = "auto";
+  int block_size = 16;
+  bool use_mla = false;
+  bool has_sink = false;
+  bool use_sparse = false;
+  AttentionType attn_type = AttentionType::decoder;
+  Device device = Device::cpu;
+  // Layer features (a backend that lacks one says so):
+  int head_size_v = 0;                 // 0 = head_size
+  bool use_alibi = false;
+  bool use_sliding_window = false;
+  bool use_logits_soft_cap = false;
+  bool fp8_output = false;             // output quantized with output_scale
+};
+
+// The layer parameters an impl is made from (vLLM AttentionImpl.__init__ + sinks, dtype).
+struct AttentionImplParams {
+  int num_heads = 0;
+  int head_size = 0;
+  int head_size_v = 0;                 // 0 = head_size
+  float scale = 1.f;
+  int num_kv_heads = 0;                // 0 = num_heads
+  std::vector<float> alibi_slopes;     // empty or num_heads
+  std::optional<int> sliding_window;   // W: a query at p sees keys in [p-(W-1), p]
+  std::string kv_cache_dtype = "auto";
+  std::optional<float> logits_soft_cap;
+  AttentionType attn_type = AttentionType::decoder;
+  std::optional<std::string> kv_sharing_target_layer_name;
+  std::vector<float> sinks;            // empty or num_heads (one logit per query head)
+  DType dtype = DType::bf16;           // activation dtype (q, k, v, output)
+  Device device = Device::cpu;
+  int block_size = 16;
+
+  int value_head_size() const { return head_size_v > 0 ? head_size_v : head_size; }
+  int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+};
+
+// Per-layer quantization scales (vLLM layer._q_scale/_k_scale/_v_scale). fp8 cache:
+// stored = saturate(x / k_scale); read = fp8 * k_scale. Per-head scales, when given, are
+// f32 (num_kv_heads,) on the layer's device and replace the per-tensor ones.
+struct LayerScales {
+  float q_scale = 1.f;
+  float k_scale = 1.f;
+  float v_scale = 1.f;
+  TensorView k_scale_per_head;
+  TensorView v_scale_per_head;
+};
+
+// Construction limits of a builder: its device workspace is sized from these once; a batch
+// beyond them is an Error, never a resize.
+struct BuilderConfig {
+  int num_heads = 0;                   // query heads of the layers in the group
+  int num_kv_heads = 0;
+  int head_size = 0;
+  int head_size_v = 0;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 8192;
+  int max_model_len = 8192;
+  // Layer features the plan may depend on (shared by the group; see infer_global_hyperparameters).
+  std::optional<int> sliding_window;
+  bool use_alibi = false;
+  AttentionType attn_type = AttentionType::decoder;
+  int num_sms = 0;                     // 0 = ask the device (CPU: number of threads)
+};
+
+// Base of every backend's plan. Backends derive from it; impls downcast their own type.
+struct AttentionMetadata {
+  virtual ~AttentionMetadata() = default;
+  int num_actual_tokens = 0;
+  int num_reqs = 0;
+  bool use_cascade = false;
+  int common_prefix_len = 0;
+  TensorView slot_mapping;  // what reshape_and_cache uses this step
+};
+
+class AttentionMetadataBuilder {
+ public:
+  virtual ~AttentionMetadataBuilder() = default;
+  virtual std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
+                                                         const CommonAttentionMetadata& common,
+                                                         bool fast_build = false) = 0;
+  virtual std::shared_ptr<const AttentionMetadata> build_for_cudagraph_capture(
+      const CommonAttentionMetadata& common) {
+    return build(0, common);
+  }
+  virtual bool can_run_in_cudagraph(const CommonAttentionMetadata& /*common*/) const { return false; }
+  virtual CudaGraphSupport cudagraph_support() const { return CudaGraphSupport::never; }
+  // Default: the FlashAttention heuristic (pagedattn::use_cascade_attention) when the backend
+  // supports cascade, false otherwise.
+  virtual bool use_cascade_attention(int common_prefix_len, std::span<const int32_t> query_lens,
+                                     int num_query_heads, int num_kv_heads, bool use_alibi,
+                                     bool use_sliding_window, bool use_local_attention,
+                                     int num_sms) const;
+  virtual bool supports_cascade() const { return false; }
+  // Requests with at most this many query tokens count as decodes and go first
+  // (reorder_batch_to_split_decodes_and_prefills); 0 = the builder needs no reorder.
+  virtual int reorder_batch_threshold() const { return 0; }
+  // Returns the permutation to apply (order[i] = old index now at i) or nullopt when none.
+  virtual std::optional<BatchReorder> reorder_batch(std::span<const int32_t> num_scheduled_tokens) const;
+  // Bytes of device (or host, for CPU) workspace allocated at construction.
+  virtual size_t workspace_bytes() const { return 0; }
+  const KVCacheSpec& kv_cache_spec() const { return spec_; }
+
+ protected:
+  explicit AttentionMetadataBuilder(KVCacheSpec spec) : spec_(std::move(spec)) {}
+  KVCacheSpec spec_;
+};
+
+class AttentionImpl {
+ public:
+  virtual ~AttentionImpl() = default;
+  // Writes key/value (num_tokens >= slot_mapping's live entries) into the cache at
+  // metadata.slot_mapping. Layers that share another layer's cache never call this.
+  virtual void do_kv_cache_update(const LayerScales& scales, const TensorView& key,
+                                  const TensorView& value, const TensorView& kv_cache,
+                                  const AttentionMetadata& metadata) = 0;
+  // Attends. query (T, Hq, D); key/value (T, Hkv, D / Dv) — read only by the no-cache types
+  // (encoder, encoder_only); kv_cache as in kv_cache.h; output (T, Hq, Dv) in the activation
+  // dtype, or fp8_e4m3 when output_scale (f32 (1,)) is given; output_lse (Hq, T) f32 natural log
+  // when defined. Every one of the first num_actual_tokens rows of output is written.
+  virtual void forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
+                       const TensorView& value, const TensorView& kv_cache,
+                       const AttentionMetadata& metadata, const TensorView& output,
+                       const TensorView& output_scale = {}, const TensorView& output_lse = {}) = 0;
+
+  virtual bool can_return_lse_for_decode() const { return true; }
+  virtual bool supports_quant_query_input() const { return false; }
+  virtual bool fused_output_quant_supported(const QuantKey& /*key*/) const { return false; }
+  virtual void process_weights_after_loading(DType /*act_dtype*/) {}
+  const AttentionImplParams& params() const { return params_; }
+
+ protected:
+  explicit AttentionImpl(AttentionImplParams params) : params_(std::move(params)) {}
+  AttentionImplParams params_;
+};
+
+// What a backend can do, for reports (`pagedattn backends`). validate_configuration is the
+// authority; this is the summary.
+struct BackendCapabilities {
+  std::vector<Device> devices;
+  std::vector<DType> dtypes;
+  std::vector<std::string> kv_cache_dtypes;
+  std::vector<int> head_sizes;         // empty = any
+  std::vector<AttentionType> attn_types;
+  std::vector<std::string> features;   // "alibi", "sliding_window", "soft_cap", "sinks", "lse",
+                                       // "cascade", "fp8_output", "head_size_v", "mla", ...
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual std::string_view name() const = 0;
+  virtual std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const = 0;
+  virtual std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec,
+                                                                 const BuilderConfig& config,
+                                                                 Device device) const = 0;
+  // Logical shape of a cache (see kv_cache.h). Default: (2, num_blocks, block_size, num_kv_heads,
+  // head_size); "auto"/any dtype string does not change the shape.
+  virtual Shape kv_cache_shape(int64_t num_blocks, int block_size, int num_kv_heads, int head_size,
+                               std::string_view cache_dtype = "auto") const;
+  // Physical order of the logical dims. Default: standard_kv_cache_stride_order(get_kv_cache_layout()).
+  virtual std::vector<int> kv_cache_stride_order() const;
+  virtual std::vector<KernelBlockSize> supported_kernel_block_sizes() const = 0;
+  virtual bool accept_output_buffer() const { return true; }
+  // Empty = usable. Each reason is a full sentence naming the value and what is supported.
+  virtual std::vector<std::string> validate_configuration(const SelectorConfig& config) const = 0;
+  virtual BackendCapabilities capabilities() const = 0;
+  // Allocates a cache for this backend: kv_cache_shape in kv_cache_stride_order.
+  Tensor allocate_kv_cache(int64_t num_blocks, int block_size, int num_kv_heads, int head_size,
+                           DType storage_dtype, Device device) const;
+};
+
+}  // namespace pagedattn

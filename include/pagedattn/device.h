@@ -1,0 +1,17 @@
+// Device queries and the CUDA stream pagedattn launches on. No CUDA types: a stream is passed
+// as an opaque pointer (a cudaStream_t).
+#pragma once
+
+namespace pagedattn {
+
+// Number of CUDA devices visible (0 when built without CUDA or when no driver/device).
+int cuda_device_count();
+bool built_with_cuda();
+// Stream used by every kernel and copy pagedattn issues from the calling thread
+// (thread-local; nullptr = the legacy default stream). Capture CUDA graphs on a stream you set.
+void* current_cuda_stream();
+void set_current_cuda_stream(void* stream);
+// Blocks until the current stream is idle (no-op without CUDA).
+void synchronize_cuda();
+
+}  // namespace pagedattn

@@ -1,0 +1,138 @@
+// Per-step batch metadata (vLLM's CommonAttentionMetadata) and the batch utilities of
+// vllm/v1/attention/backends/utils.py, with exactly their semantics.
+//
+// A batch holds num_reqs requests; request r has query tokens
+//   [query_start_loc[r], query_start_loc[r+1])  of the flat token axis, query_len = difference,
+// and seq_len = num_computed_tokens + query_len keys (its full context after this step).
+// Query i of request r sits at absolute position seq_len - query_len + i (causal with context).
+// For encoder / encoder_only layers seq_lens == query lens (no cache). For encoder_decoder
+// (cross) layers seq_lens are the ENCODER lengths, block_table maps the encoder K/V pages and
+// slot_mapping maps the encoder tokens being written this step (all -1 once cached) — what
+// vLLM's cross-attention builder passes to the kernels.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagedattn/tensor.h"
+
+namespace pagedattn {
+
+struct CommonAttentionMetadata {
+  // On the backend's device (for a CPU backend the same memory as the host mirrors).
+  TensorView query_start_loc;     // (>= num_reqs + 1,) i32, non-decreasing, [0] == 0
+  TensorView seq_lens;            // (>= num_reqs,) i32
+  TensorView block_table_tensor;  // (>= num_reqs, max_num_blocks_per_req) i32
+  TensorView slot_mapping;        // (>= num_actual_tokens,) i64; -1 = skip; tail is -1
+  // Host mirrors (always Device::cpu).
+  TensorView query_start_loc_cpu;      // (num_reqs + 1,) i32
+  TensorView seq_lens_cpu;             // (num_reqs,) i32
+  TensorView num_computed_tokens_cpu;  // (num_reqs,) i32 == seq_lens - query_lens
+
+  int num_reqs = 0;
+  int num_actual_tokens = 0;  // == query_start_loc_cpu[num_reqs]
+  int max_query_len = 0;
+  int max_seq_len = 0;
+  bool causal = true;
+
+  // Host-side accessors (read the mirrors).
+  int query_len(int req) const;
+  int seq_len(int req) const;
+  int num_computed_tokens(int req) const;
+
+  // Rejects every inconsistency with an Error naming the field and the request index:
+  // dtypes/shapes/devices of every tensor, query_start_loc[0] != 0 or decreasing,
+  // num_actual_tokens / max_query_len / max_seq_len not matching the arrays, seq_len <
+  // query_len, num_computed_tokens != seq_len - query_len, block ids outside [0, num_blocks)
+  // in the blocks a request uses (cdiv(seq_len, block_size) of its row; pass num_blocks < 0 or
+  // block_size <= 0 to skip), slots outside [0, num_blocks * block_size) other than -1.
+  // Device tensors are checked only for dtype/shape/device (their contents are not read).
+  void validate(int64_t num_blocks = -1, int block_size = 0) const;
+};
+
+// Owns the tensors behind a CommonAttentionMetadata built from host arrays.
+struct OwnedCommonAttentionMetadata {
+  CommonAttentionMetadata common;  // views into the tensors below (stable across moves)
+  Tensor query_start_loc, seq_lens, block_table, slot_mapping;           // device copies
+  Tensor query_start_loc_cpu, seq_lens_cpu, num_computed_tokens_cpu;     // host mirrors
+};
+
+struct CommonAttentionMetadataArgs {
+  std::vector<int32_t> query_start_loc;   // num_reqs + 1
+  std::vector<int32_t> seq_lens;          // num_reqs
+  std::vector<int32_t> block_table;       // row-major, num_reqs x max_num_blocks_per_req
+  int max_num_blocks_per_req = 0;         // columns of block_table
+  std::vector<int64_t> slot_mapping;      // >= num_actual_tokens (longer = padding, set to -1)
+  bool causal = true;
+  int num_reqs_padded = 0;       // block_table rows / seq_lens length (>= num_reqs; 0 = num_reqs)
+  int num_tokens_padded = 0;     // slot_mapping length (>= num_actual_tokens; 0 = as given)
+};
+// Derives num_reqs, num_actual_tokens, max_query_len, max_seq_len, num_computed_tokens; pads
+// slot_mapping past num_actual_tokens with -1; copies to `device`. Calls validate().
+OwnedCommonAttentionMetadata make_common_attention_metadata(const CommonAttentionMetadataArgs& args,
+                                                            Device device = Device::cpu,
+                                                            int64_t num_blocks = -1,
+                                                            int block_size = 0);
+
+// ---- utilities (vLLM utils.py) ----------------------------------------------------------------
+struct DecodePrefillSplit {
+  int num_decodes = 0;
+  int num_prefills = 0;
+  int num_decode_tokens = 0;
+  int num_prefill_tokens = 0;
+  bool operator==(const DecodePrefillSplit&) const = default;
+};
+// Assumes a reordered batch (decodes first). require_uniform as in current vLLM: a batch whose
+// query lens all equal the first one's (or are 0, i.e. padding) counts as all decodes.
+DecodePrefillSplit split_decodes_and_prefills(const CommonAttentionMetadata& common,
+                                              int decode_threshold = 1,
+                                              bool require_uniform = false);
+
+struct BatchReorder {
+  std::vector<int> order;  // order[i] = original index of the request now at position i
+  bool modified = false;
+};
+// Same swaps as vLLM (decodes from the back swapped with prefills from the front).
+BatchReorder reorder_batch_to_split_decodes_and_prefills(std::span<const int32_t> num_scheduled_tokens,
+                                                         int decode_threshold = 1);
+
+struct LocalAttentionVirtualBatches {
+  std::vector<int32_t> seqlens_q_local;     // (virtual_batches,)
+  std::vector<int32_t> cu_seqlens_q_local;  // (virtual_batches + 1,)
+  std::vector<int32_t> seqlens_k_local;     // (virtual_batches,)
+  std::vector<int32_t> block_table_local;   // row-major (virtual_batches, pages_per_local_batch)
+  int num_virtual_batches = 0;
+  int pages_per_local_batch = 0;
+};
+// block_table: row-major (num_reqs, block_table_cols). attn_chunk_size % block_size must be 0.
+LocalAttentionVirtualBatches make_local_attention_virtual_batches(
+    int attn_chunk_size, std::span<const int32_t> query_start_loc, std::span<const int32_t> seq_lens,
+    std::span<const int32_t> block_table, int block_table_cols, int block_size);
+
+// FlashAttention's heuristic: prefix >= 256, >= 8 requests, no ALiBi / window / local attention,
+// dcp_world_size == 1, then the CTA cost model against flash-decoding.
+bool use_cascade_attention(int common_prefix_len, std::span<const int32_t> query_lens,
+                           int num_query_heads, int num_kv_heads, bool use_alibi,
+                           bool use_sliding_window, bool use_local_attention, int num_sms,
+                           int dcp_world_size = 1);
+
+// Length (tokens) of the prefix whose blocks every request shares: leading block-table columns
+// equal across the first num_reqs rows, times block_size, capped by the smallest
+// num_computed_tokens, rounded down to a multiple of block_size (as vLLM's model runner).
+int common_prefix_len(const CommonAttentionMetadata& common, int block_size);
+
+// ---- per-layer hyperparameters (FlashInfer-style planning) --------------------------------
+struct PerLayerParameters {
+  int window_left = -1;                    // sliding_window - 1, or -1
+  std::optional<float> logits_soft_cap;
+  float sm_scale = 1.f;
+  bool operator==(const PerLayerParameters&) const = default;
+};
+// All layers must agree; throws Error naming the first layer that differs.
+PerLayerParameters infer_global_hyperparameters(const std::map<std::string, PerLayerParameters>& per_layer);
+
+}  // namespace pagedattn
