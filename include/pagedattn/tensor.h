@@ -93,6 +93,12 @@ class Tensor {
   Tensor() = default;
   Tensor(Shape shape, DType dtype, Device device = Device::cpu, int device_index = 0);
   static Tensor zeros(Shape shape, DType dtype, Device device = Device::cpu);
+  // Allocates `shape` contiguous in `physical_order` (physical_order[0] = the outermost dim in
+  // memory, as torch.empty_permuted) and returns the tensor whose view() is the logical-order
+  // view with permuted strides. E.g. shape (2, N, B, H, D), order (0, 1, 3, 2, 4) -> strides
+  // (N*H*B*D, H*B*D, D, B*D, 1).
+  static Tensor empty_permuted(Shape shape, std::span<const int> physical_order, DType dtype,
+                               Device device = Device::cpu, int device_index = 0);
   ~Tensor();
   Tensor(Tensor&& other) noexcept;
   Tensor& operator=(Tensor&& other) noexcept;
