@@ -14,9 +14,15 @@ if(PAGEDATTN_CUDA STREQUAL "ON" OR PAGEDATTN_CUDA STREQUAL "AUTO")
       set(CMAKE_CUDA_ARCHITECTURES 90a CACHE STRING "CUDA architectures")
     endif()
     enable_language(CUDA)
-    # CMake 3.25 does not know the CUDA20 dialect of nvcc 12+/13, so C++20 is passed directly
-    # instead of through CMAKE_CUDA_STANDARD.
-    string(APPEND CMAKE_CUDA_FLAGS " -std=c++20 --expt-relaxed-constexpr")
+    # CMake 3.25 does not know nvcc's C++20 flag: teach it, then ask for CUDA20 as usual.
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(CMAKE_CUDA_EXTENSIONS OFF)
+    string(APPEND CMAKE_CUDA_FLAGS " --expt-relaxed-constexpr")
     find_package(CUDAToolkit REQUIRED)
     set(PAGEDATTN_HAS_CUDA ON)
   elseif(PAGEDATTN_CUDA STREQUAL "ON")
