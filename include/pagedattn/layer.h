@@ -45,6 +45,9 @@ class Attention {
   AttentionImpl& impl() { return *impl_; }
   const AttentionLayerParams& params() const { return params_; }
   const std::string& name() const { return params_.prefix; }
+  // encoder / encoder_only layers have no cache: kv_cache_spec() and allocate_kv_cache() throw
+  // Error naming "attn_type" for them (skip them with uses_kv_cache(params().attn_type)).
+  // A layer sharing another's cache reports the same spec as its target; allocate none for it.
   KVCacheSpec kv_cache_spec() const;
   DType kv_cache_storage_dtype() const;
   SelectorConfig selector_config() const;

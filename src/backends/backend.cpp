@@ -1,0 +1,71 @@
+// Defaults of the backend interface (include/pagedattn/backend.h): the standard cache shape and
+// stride order, cache allocation, and the builder defaults (cascade heuristic, batch reorder).
+#include <algorithm>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "pagedattn/backend.h"
+#include "pagedattn/error.h"
+#include "pagedattn/kv_cache.h"
+#include "pagedattn/metadata.h"
+
+namespace pagedattn {
+
+Shape AttentionBackend::kv_cache_shape(int64_t num_blocks, int block_size, int num_kv_heads,
+                                       int head_size, std::string_view cache_dtype) const {
+  const std::string backend(name());
+  PAGEDATTN_CHECK(num_blocks >= 0, "num_blocks", backend, ": kv_cache_shape: num_blocks = ",
+                  num_blocks, " must be >= 0");
+  PAGEDATTN_CHECK(block_size > 0, "block_size", backend, ": kv_cache_shape: block_size = ",
+                  block_size, " must be > 0");
+  PAGEDATTN_CHECK(num_kv_heads > 0, "num_kv_heads", backend,
+                  ": kv_cache_shape: num_kv_heads = ", num_kv_heads, " must be > 0");
+  PAGEDATTN_CHECK(head_size > 0, "head_size", backend, ": kv_cache_shape: head_size = ",
+                  head_size, " must be > 0");
+  validate_kv_cache_dtype(cache_dtype);
+  // (2, num_blocks, block_size, num_kv_heads, head_size): [0] keys, [1] values (kv_cache.h).
+  return Shape{2, num_blocks, block_size, num_kv_heads, head_size};
+}
+
+std::vector<int> AttentionBackend::kv_cache_stride_order() const {
+  return standard_kv_cache_stride_order(get_kv_cache_layout());
+}
+
+Tensor AttentionBackend::allocate_kv_cache(int64_t num_blocks, int block_size, int num_kv_heads,
+                                           int head_size, DType storage_dtype,
+                                           Device device) const {
+  PAGEDATTN_CHECK(is_floating(storage_dtype), "storage_dtype", name(),
+                  ": allocate_kv_cache: storage_dtype = ", dtype_name(storage_dtype),
+                  " is not a cache dtype: expected float32, float16, bfloat16, fp8_e4m3 or fp8_e5m2");
+  // The storage dtype's name is a valid kv_cache_dtype string ("bfloat16", "fp8_e4m3", ...).
+  const Shape shape =
+      kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, dtype_name(storage_dtype));
+  const std::vector<int> order = kv_cache_stride_order();
+  PAGEDATTN_CHECK(static_cast<int>(order.size()) == shape.ndim(), "kv_cache_stride_order", name(),
+                  ": kv_cache_stride_order has ", order.size(), " entries but kv_cache_shape ",
+                  shape.str(), " has ", shape.ndim(), " dims");
+  return allocate_paged_cache(shape, order, storage_dtype, device);
+}
+
+bool AttentionMetadataBuilder::use_cascade_attention(int common_prefix_len,
+                                                     std::span<const int32_t> query_lens,
+                                                     int num_query_heads, int num_kv_heads,
+                                                     bool use_alibi, bool use_sliding_window,
+                                                     bool use_local_attention, int num_sms) const {
+  if (!supports_cascade()) return false;
+  return pagedattn::use_cascade_attention(common_prefix_len, query_lens, num_query_heads,
+                                          num_kv_heads, use_alibi, use_sliding_window,
+                                          use_local_attention, num_sms);
+}
+
+std::optional<BatchReorder> AttentionMetadataBuilder::reorder_batch(
+    std::span<const int32_t> num_scheduled_tokens) const {
+  const int threshold = reorder_batch_threshold();
+  if (threshold == 0) return std::nullopt;
+  BatchReorder reorder = reorder_batch_to_split_decodes_and_prefills(num_scheduled_tokens, threshold);
+  if (!reorder.modified) return std::nullopt;
+  return reorder;
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,46 @@
+// Internal CUDA entry points of the standalone ops (src/ops/ops.cpp validates every argument on
+// the host, then calls these when the tensors live on Device::cuda). Implemented by the CUDA
+// backend in src/backends/cuda/. Only compiled into the library when PAGEDATTN_HAS_CUDA.
+//
+// Preconditions (already checked by the caller, do not re-check):
+//   cuda_reshape_and_cache_flash:
+//     key (N, Hkv, D), value (N, Hkv, Dv): f32/f16/bf16, any strides, on one CUDA device;
+//     key_cache (num_blocks, block_size, Hkv, D), value_cache (num_blocks, block_size, Hkv, Dv):
+//       dtype == cache_dtype, any strides;
+//     slot_mapping: i64 1-D of length N' <= N (tokens [0, N') are written). Slot contents were
+//       NOT read on the host (that would need a sync): the kernel skips slot -1 AND any slot
+//       outside [0, num_blocks * block_size) (never writes out of bounds);
+//     scales: k_scale/v_scale > 0 finite; k_scale_per_head / v_scale_per_head, when defined,
+//       f32 (Hkv,) on the same device and replace the per-tensor scales.
+//     fp8 caches: stored = saturate(x / scale) (round to nearest even, saturate to the finite max).
+//   cuda_merge_attn_states:
+//     output, prefix_output, suffix_output: (T, H, D), one dtype in f32/f16/bf16, any strides;
+//     prefix_lse, suffix_lse: f32 (H, T); output_lse: f32 (H, T) or undefined;
+//     prefill_tokens_with_context: -1 (all tokens merged) or in [0, T]: tokens >= it copy the
+//       suffix output and the suffix LSE. Semantics as ops.h merge_attn_states, exactly:
+//       an LSE of +inf is read as -inf (FA2 writes +inf for empty rows); m = max(lp, ls);
+//       m == -inf -> output = prefix_output, output_lse = -inf; else
+//       wp = e^{lp-m}, ws = e^{ls-m}, out = (wp*p + ws*s)/(wp+ws), lse = log(wp+ws) + m,
+//       computed in f32 and rounded once to the output dtype.
+// Both enqueue on the current stream and do not synchronize.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedattn/backend.h"
+#include "pagedattn/dtype.h"
+#include "pagedattn/tensor.h"
+
+namespace pagedattn::detail {
+
+void cuda_reshape_and_cache_flash(const TensorView& key, const TensorView& value,
+                                  const TensorView& key_cache, const TensorView& value_cache,
+                                  const TensorView& slot_mapping, DType cache_dtype,
+                                  const LayerScales& scales);
+
+void cuda_merge_attn_states(const TensorView& output, const TensorView& prefix_output,
+                            const TensorView& prefix_lse, const TensorView& suffix_output,
+                            const TensorView& suffix_lse, const TensorView& output_lse,
+                            int64_t prefill_tokens_with_context);
+
+}  // namespace pagedattn::detail

@@ -1,0 +1,253 @@
+// The Attention layer without running attention: parameter validation (one error per
+// argument), scale default, backend selection, KV-cache specs, cache allocation, selector /
+// builder configs, get_per_layer_parameters + infer_global_hyperparameters.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include "pagedattn/error.h"
+#include "pagedattn/layer.h"
+#include "pagedattn/selector.h"
+
+namespace pagedattn {
+namespace {
+
+AttentionLayerParams valid_params(const std::string& name = "model.layers.0.self_attn.attn") {
+  AttentionLayerParams p;
+  p.num_heads = 8;
+  p.head_size = 32;
+  p.num_kv_heads = 2;
+  p.dtype = DType::f32;
+  p.block_size = 16;
+  p.prefix = name;
+  return p;
+}
+
+void expect_param_error(const std::function<void(AttentionLayerParams&)>& edit,
+                        const std::string& argument) {
+  AttentionLayerParams p = valid_params();
+  edit(p);
+  try {
+    Attention layer(p);
+    ADD_FAILURE() << "expected an Error naming '" << argument << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(argument), std::string::npos) << e.what();
+  }
+}
+
+TEST(AttentionLayer, ValidParamsConstruct) {
+  const Attention layer(valid_params());
+  EXPECT_EQ(layer.name(), "model.layers.0.self_attn.attn");
+  EXPECT_FLOAT_EQ(layer.params().scale, 1.f / std::sqrt(32.f));
+}
+
+TEST(AttentionLayer, ExplicitScaleIsKept) {
+  AttentionLayerParams p = valid_params();
+  p.scale = 0.125f;
+  EXPECT_EQ(Attention(p).params().scale, 0.125f);
+}
+
+TEST(AttentionLayer, ConstructionErrorsNameTheArgument) {
+  expect_param_error([](auto& p) { p.num_heads = 0; }, "num_heads");
+  expect_param_error([](auto& p) { p.num_heads = -4; }, "num_heads");
+  expect_param_error([](auto& p) { p.head_size = 0; }, "head_size");
+  expect_param_error([](auto& p) { p.head_size_v = -1; }, "head_size_v");
+  expect_param_error([](auto& p) { p.num_kv_heads = 3; }, "num_kv_heads");
+  expect_param_error([](auto& p) { p.num_kv_heads = -1; }, "num_kv_heads");
+  expect_param_error([](auto& p) { p.scale = -0.5f; }, "scale");
+  expect_param_error([](auto& p) { p.scale = std::nanf(""); }, "scale");
+  expect_param_error([](auto& p) { p.alibi_slopes = {0.5f, 0.25f}; }, "alibi_slopes");
+  expect_param_error([](auto& p) { p.alibi_slopes.assign(8, INFINITY); }, "alibi_slopes");
+  expect_param_error([](auto& p) { p.sinks = {1.f, 2.f, 3.f}; }, "sinks");
+  expect_param_error([](auto& p) { p.sinks.assign(8, NAN); }, "sinks");
+  expect_param_error([](auto& p) { p.sliding_window = 0; }, "sliding_window");
+  expect_param_error([](auto& p) {
+    p.sliding_window = 64;
+    p.attn_type = AttentionType::encoder_decoder;
+  }, "sliding_window");
+  expect_param_error([](auto& p) { p.logits_soft_cap = 0.f; }, "logits_soft_cap");
+  expect_param_error([](auto& p) { p.logits_soft_cap = -30.f; }, "logits_soft_cap");
+  expect_param_error([](auto& p) { p.block_size = 0; }, "block_size");
+  expect_param_error([](auto& p) { p.kv_cache_dtype = "int8"; }, "kv_cache_dtype");
+  expect_param_error([](auto& p) { p.dtype = DType::i32; }, "dtype");
+  expect_param_error([](auto& p) { p.dtype = DType::fp8_e4m3; }, "dtype");
+  expect_param_error([](auto& p) { p.attention_chunk_size = 40; }, "attention_chunk_size");
+  expect_param_error([](auto& p) { p.attention_chunk_size = 0; }, "attention_chunk_size");
+  expect_param_error([](auto& p) {
+    p.attention_chunk_size = 64;
+    p.sliding_window = 32;
+  }, "attention_chunk_size");
+  expect_param_error([](auto& p) {
+    p.attention_chunk_size = 64;
+    p.attn_type = AttentionType::encoder_only;
+  }, "attention_chunk_size");
+  expect_param_error([](auto& p) { p.kv_sharing_target_layer_name = ""; },
+                     "kv_sharing_target_layer_name");
+  expect_param_error([](auto& p) { p.kv_sharing_target_layer_name = p.prefix; },
+                     "kv_sharing_target_layer_name");
+  expect_param_error([](auto& p) {
+    p.kv_sharing_target_layer_name = "model.layers.0.attn";
+    p.attn_type = AttentionType::encoder_only;
+  }, "kv_sharing_target_layer_name");
+  expect_param_error([](auto& p) { p.backend = "NO_SUCH_BACKEND"; }, "backend");
+}
+
+TEST(AttentionLayer, SelectsTheSelectorsBackend) {
+  const char* env = std::getenv("PAGEDATTN_BACKEND");
+  const Attention layer(valid_params());
+  if (env == nullptr || *env == '\0') {
+    EXPECT_EQ(&layer.backend(), &get_attn_backend(layer.selector_config()));
+  }
+  AttentionLayerParams forced = valid_params();
+  forced.backend = "reference";
+  Attention reference_layer(forced);
+  EXPECT_EQ(reference_layer.backend().name(), "REFERENCE");
+  EXPECT_EQ(reference_layer.impl().params().num_heads, 8);
+  EXPECT_EQ(reference_layer.impl().params().kv_heads(), 2);
+  EXPECT_FLOAT_EQ(reference_layer.impl().params().scale, 1.f / std::sqrt(32.f));
+}
+
+TEST(AttentionLayer, SelectorConfigCarriesTheFeatures) {
+  AttentionLayerParams p = valid_params();
+  p.alibi_slopes.assign(8, 0.5f);
+  p.sinks.assign(8, 1.f);
+  p.sliding_window = 128;
+  p.logits_soft_cap = 30.f;
+  p.kv_cache_dtype = "fp8";
+  p.head_size_v = 16;
+  p.backend = "REFERENCE";
+  const Attention layer(p);
+  const SelectorConfig c = layer.selector_config();
+  EXPECT_EQ(c.head_size, 32);
+  EXPECT_EQ(c.head_size_v, 16);
+  EXPECT_EQ(c.dtype, DType::f32);
+  EXPECT_EQ(c.kv_cache_dtype, "fp8");
+  EXPECT_EQ(c.block_size, 16);
+  EXPECT_TRUE(c.has_sink);
+  EXPECT_TRUE(c.use_alibi);
+  EXPECT_TRUE(c.use_sliding_window);
+  EXPECT_TRUE(c.use_logits_soft_cap);
+  EXPECT_FALSE(c.use_mla);
+  EXPECT_EQ(c.attn_type, AttentionType::decoder);
+  EXPECT_EQ(c.device, Device::cpu);
+
+  const BuilderConfig b = layer.builder_config(32, 2048, 4096);
+  EXPECT_EQ(b.num_heads, 8);
+  EXPECT_EQ(b.num_kv_heads, 2);
+  EXPECT_EQ(b.head_size, 32);
+  EXPECT_EQ(b.head_size_v, 16);
+  EXPECT_EQ(b.max_num_seqs, 32);
+  EXPECT_EQ(b.max_num_batched_tokens, 2048);
+  EXPECT_EQ(b.max_model_len, 4096);
+  EXPECT_EQ(b.sliding_window, 128);
+  EXPECT_TRUE(b.use_alibi);
+  try {
+    (void)layer.builder_config(0, 2048, 4096);
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "max_num_seqs");
+  }
+}
+
+TEST(AttentionLayer, KvCacheSpecKinds) {
+  {
+    const Attention layer(valid_params());
+    const KVCacheSpec spec = layer.kv_cache_spec();
+    EXPECT_EQ(spec, KVCacheSpec::full_attention(16, 2, 32, DType::f32));
+    EXPECT_EQ(layer.kv_cache_storage_dtype(), DType::f32);
+  }
+  {
+    AttentionLayerParams p = valid_params();
+    p.sliding_window = 256;
+    p.kv_cache_dtype = "fp8";
+    const Attention layer(p);
+    EXPECT_EQ(layer.kv_cache_spec(),
+              KVCacheSpec::sliding_window_attention(16, 2, 32, DType::fp8_e4m3, 256));
+    EXPECT_EQ(layer.kv_cache_storage_dtype(), DType::fp8_e4m3);
+  }
+  {
+    AttentionLayerParams p = valid_params();
+    p.attention_chunk_size = 64;
+    p.kv_cache_dtype = "fp8_e5m2";
+    const Attention layer(p);
+    EXPECT_EQ(layer.kv_cache_spec(),
+              KVCacheSpec::chunked_local_attention(16, 2, 32, DType::fp8_e5m2, 64));
+  }
+  {
+    AttentionLayerParams p = valid_params();
+    p.attn_type = AttentionType::encoder_decoder;
+    p.dtype = DType::bf16;
+    p.head_size_v = 16;
+    const Attention layer(p);
+    EXPECT_EQ(layer.kv_cache_spec(), KVCacheSpec::cross_attention(16, 2, 32, DType::bf16, 16));
+  }
+  {
+    AttentionLayerParams p = valid_params();
+    p.kv_cache_dtype = "bfloat16";
+    p.head_size_v = 32;  // == head_size: same spec as the default
+    const Attention layer(p);
+    EXPECT_EQ(layer.kv_cache_spec(), KVCacheSpec::full_attention(16, 2, 32, DType::bf16));
+  }
+  for (const AttentionType t : {AttentionType::encoder, AttentionType::encoder_only}) {
+    AttentionLayerParams p = valid_params();
+    p.attn_type = t;
+    const Attention layer(p);
+    try {
+      (void)layer.kv_cache_spec();
+      ADD_FAILURE() << "encoder layers have no cache spec";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "attn_type");
+      EXPECT_NE(std::string(e.what()).find("no KV cache"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW((void)layer.allocate_kv_cache(4), Error);
+  }
+}
+
+TEST(AttentionLayer, AllocateKvCacheUsesBackendShapeAndMaxHeadSize) {
+  AttentionLayerParams p = valid_params();
+  p.head_size_v = 48;
+  p.kv_cache_dtype = "fp8";
+  p.dtype = DType::bf16;
+  p.backend = "REFERENCE";
+  const Attention layer(p);
+  const Tensor cache = layer.allocate_kv_cache(7);
+  EXPECT_EQ(cache.shape(), layer.backend().kv_cache_shape(7, 16, 2, 48, "fp8"));
+  EXPECT_EQ(cache.dtype(), DType::fp8_e4m3);
+  EXPECT_EQ(cache.device(), Device::cpu);
+  EXPECT_GE(cache.nbytes(), static_cast<size_t>(2 * 7 * 16 * 2 * 48));
+}
+
+TEST(PerLayerParameters, CollectAndInferGlobal) {
+  AttentionLayerParams a = valid_params("layers.0.attn");
+  a.sliding_window = 128;
+  a.logits_soft_cap = 30.f;
+  AttentionLayerParams b = a;
+  b.prefix = "layers.1.attn";
+  const Attention la(a), lb(b);
+  const auto per_layer = get_per_layer_parameters({&la, &lb});
+  ASSERT_EQ(per_layer.size(), 2u);
+  const PerLayerParameters want{127, 30.f, 1.f / std::sqrt(32.f)};
+  EXPECT_EQ(per_layer.at("layers.0.attn"), want);
+  EXPECT_EQ(per_layer.at("layers.1.attn"), want);
+  EXPECT_EQ(infer_global_hyperparameters(per_layer), want);
+
+  AttentionLayerParams c = valid_params("layers.2.attn");  // no window, no cap
+  const Attention lc(c);
+  const auto mixed = get_per_layer_parameters({&la, &lb, &lc});
+  EXPECT_EQ(mixed.at("layers.2.attn"), (PerLayerParameters{-1, std::nullopt, 1.f / std::sqrt(32.f)}));
+  try {
+    (void)infer_global_hyperparameters(mixed);
+    ADD_FAILURE() << "layers disagree: expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.2.attn"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)get_per_layer_parameters({&la, nullptr}), Error);
+  EXPECT_THROW((void)get_per_layer_parameters({&la, &la}), Error);
+}
+
+}  // namespace
+}  // namespace pagedattn
