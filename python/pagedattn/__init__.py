@@ -1,0 +1,101 @@
+"""pagedattn: the attention subsystem of an LLM serving engine, from Python.
+
+Paged KV cache, backends behind one interface with a selector that says why each one fits or
+not, metadata builders, and kernels -- with vLLM's names and semantics. Tensors go in and out
+through DLPack without copies: NumPy arrays (float32, float16, and bfloat16 / float8 through
+ml_dtypes), PyTorch CPU and CUDA tensors, or any object with ``__dlpack__``.
+
+Main entry points:
+    Attention(num_heads, head_size, scale, ...)        a layer: .forward(...), .allocate_kv_cache()
+    CommonAttentionMetadata(query_start_loc, ...)      one step's batch
+    Attention.metadata_builder().build(common)         a backend's plan for the step
+    get_attn_backend(...), list_backends()             the selector and the registry
+    reshape_and_cache_flash(...), merge_attn_states()  standalone ops
+    split_decodes_and_prefills, reorder_batch_to_split_decodes_and_prefills,
+    make_local_attention_virtual_batches, use_cascade_attention   batch utilities
+
+Invalid arguments raise ``pagedattn.Error``, a ``ValueError`` whose message names the argument.
+"""
+
+from __future__ import annotations
+
+from . import _C  # noqa: F401  (the extension, as pagedattn._C)
+from ._C import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionMetadataBuilder,
+    Error,
+    KVCacheSpec,
+    MultipleOf,
+    built_with_cuda,
+    canonical_dtype,
+    common_prefix_len,
+    cuda_device_count,
+    current_cuda_stream,
+    find_backend,
+    get_attn_backend,
+    get_kv_cache_layout,
+    is_quantized_kv_cache,
+    kv_cache_storage_dtype,
+    list_backends,
+    reorder_batch_to_split_decodes_and_prefills,
+    set_current_cuda_stream,
+    set_kv_cache_layout,
+    split_decodes_and_prefills,
+    synchronize_cuda,
+    use_cascade_attention,
+    validate_kv_cache_dtype,
+)
+from ._layer import Attention
+from ._metadata import CommonAttentionMetadata, make_local_attention_virtual_batches
+from ._ops import merge_attn_states, reshape_and_cache, reshape_and_cache_flash
+
+__version__ = "0.1.0"
+
+
+class AttentionType:
+    """Attention type (vLLM's ``AttentionType``: strings, so they compare equal to "decoder"...)."""
+
+    DECODER = "decoder"
+    """Decoder attention between previous layer Q/K/V: causal over the paged cache."""
+    ENCODER = "encoder"
+    """Encoder attention between previous layer Q/K/V for encoder-decoder: non-causal, no cache."""
+    ENCODER_ONLY = "encoder_only"
+    """Encoder attention between previous layer Q/K/V: non-causal, no cache (BERT-like)."""
+    ENCODER_DECODER = "encoder_decoder"
+    """Attention between decoder Q and encoder K/V for encoder-decoder (cross-attention)."""
+
+
+__all__ = [
+    "Attention",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "AttentionMetadataBuilder",
+    "AttentionType",
+    "CommonAttentionMetadata",
+    "Error",
+    "KVCacheSpec",
+    "MultipleOf",
+    "built_with_cuda",
+    "canonical_dtype",
+    "common_prefix_len",
+    "cuda_device_count",
+    "current_cuda_stream",
+    "find_backend",
+    "get_attn_backend",
+    "get_kv_cache_layout",
+    "is_quantized_kv_cache",
+    "kv_cache_storage_dtype",
+    "list_backends",
+    "make_local_attention_virtual_batches",
+    "merge_attn_states",
+    "reorder_batch_to_split_decodes_and_prefills",
+    "reshape_and_cache",
+    "reshape_and_cache_flash",
+    "set_current_cuda_stream",
+    "set_kv_cache_layout",
+    "split_decodes_and_prefills",
+    "synchronize_cuda",
+    "use_cascade_attention",
+    "validate_kv_cache_dtype",
+]

@@ -1,0 +1,156 @@
+// Bindings: the Attention layer (vLLM attention/layer.py). The Python class
+// pagedattn.Attention subclasses this one: it adds the defaults, the documentation and the
+// allocation of outputs in the caller's framework, then calls _forward.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "convert.h"
+
+namespace pagedattn::python {
+
+using namespace nb::literals;
+
+void bind_layer(nb::module_& m) {
+  nb::class_<Attention>(m, "_Attention", "Native part of pagedattn.Attention.")
+      .def(
+          "__init__",
+          [](Attention* self, int num_heads, int head_size, std::optional<float> scale,
+             std::optional<int> num_kv_heads, std::optional<std::vector<float>> alibi_slopes,
+             std::optional<int> sliding_window, std::optional<float> logits_soft_cap,
+             const std::string& attn_type, const std::string& kv_cache_dtype, int block_size,
+             std::optional<std::vector<float>> sinks,
+             std::optional<std::string> kv_sharing_target_layer_name, const std::string& prefix,
+             nb::handle dtype, nb::handle device, std::optional<std::string> backend,
+             std::optional<int> head_size_v, std::optional<int> attention_chunk_size) {
+            AttentionLayerParams p;
+            p.num_heads = num_heads;
+            p.head_size = head_size;
+            p.scale = scale.value_or(0.f);
+            p.num_kv_heads = num_kv_heads.value_or(0);
+            p.alibi_slopes = alibi_slopes.value_or(std::vector<float>{});
+            p.sliding_window = sliding_window;
+            p.logits_soft_cap = logits_soft_cap;
+            p.attn_type = parse_attention_type(attn_type);
+            p.kv_cache_dtype = kv_cache_dtype;
+            p.block_size = block_size;
+            p.sinks = sinks.value_or(std::vector<float>{});
+            p.kv_sharing_target_layer_name = kv_sharing_target_layer_name;
+            p.prefix = prefix;
+            p.dtype = dtype_arg(dtype, "dtype");
+            p.device = device_arg(device, "device");
+            p.backend = backend.value_or("");
+            p.head_size_v = head_size_v.value_or(0);
+            p.attention_chunk_size = attention_chunk_size;
+            new (self) Attention(std::move(p));
+          },
+          "num_heads"_a, "head_size"_a, "scale"_a.none(), "num_kv_heads"_a.none(),
+          "alibi_slopes"_a.none(), "sliding_window"_a.none(), "logits_soft_cap"_a.none(),
+          "attn_type"_a, "kv_cache_dtype"_a, "block_size"_a, "sinks"_a.none(),
+          "kv_sharing_target_layer_name"_a.none(), "prefix"_a, "dtype"_a, "device"_a,
+          "backend"_a.none(), "head_size_v"_a.none(), "attention_chunk_size"_a.none())
+      .def_prop_ro("backend", [](const Attention& a) { return PyBackend{&a.backend()}; },
+                   "The AttentionBackend this layer runs on.")
+      .def_prop_ro("kv_cache_spec", &Attention::kv_cache_spec,
+                   "The KVCacheSpec of this layer's cache (vLLM's get_kv_cache_spec()).")
+      .def_prop_ro(
+          "kv_cache_storage_dtype",
+          [](const Attention& a) { return std::string(framework_dtype_name(a.kv_cache_storage_dtype())); },
+          "Element type of the cache (\"bfloat16\", \"float8_e4m3fn\", ...).")
+      .def(
+          "_allocate_kv_cache",
+          [](const Attention& a, int64_t num_blocks) {
+            Tensor cache = a.allocate_kv_cache(num_blocks);
+            cache.fill_bytes(0);  // as vLLM (torch.zeros): unwritten slots read as 0, not garbage
+            std::string dtype = framework_dtype_name(cache.dtype());
+            return std::make_pair(export_tensor(std::move(cache)), dtype);
+          },
+          "num_blocks"_a)
+      .def(
+          "metadata_builder",
+          [](const Attention& a, int max_num_seqs, int max_num_batched_tokens, int max_model_len) {
+            const AttentionLayerParams& p = a.params();
+            // Layers without a cache (encoder, encoder_only) still plan through a builder; as
+            // vLLM's EncoderOnlyAttentionSpec, theirs is a full-attention spec of the layer.
+            const KVCacheSpec spec =
+                uses_kv_cache(p.attn_type)
+                    ? a.kv_cache_spec()
+                    : KVCacheSpec::full_attention(p.block_size, p.num_kv_heads > 0 ? p.num_kv_heads : p.num_heads,
+                                                  p.head_size, p.dtype, p.head_size_v);
+            return make_builder_object(a.backend(), spec,
+                                       a.builder_config(max_num_seqs, max_num_batched_tokens, max_model_len),
+                                       a.params().device);
+          },
+          "max_num_seqs"_a = 256, "max_num_batched_tokens"_a = 8192, "max_model_len"_a = 8192,
+          "A metadata builder for this layer's KV-cache group (vLLM's "
+          "get_builder_cls()(kv_cache_spec, layer_names, vllm_config, device)). Its workspace is "
+          "sized once from the limits: a batch beyond them is an error, never a resize.")
+      .def(
+          "_forward",
+          [](Attention& a, nb::handle query, nb::handle key, nb::handle value, nb::handle kv_cache,
+             const PyAttentionMetadata& attn_metadata, nb::handle output, nb::handle output_lse,
+             nb::handle output_scale) {
+            TensorArgs args;
+            TensorView q = args.get(query, "query");
+            TensorView k = args.get(key, "key", false, true);
+            TensorView v = args.get(value, "value", false, true);
+            TensorView cache = args.get(kv_cache, "kv_cache", true, true);
+            TensorView out = args.get(output, "output", true);
+            TensorView lse = args.get(output_lse, "output_lse", true, true);
+            TensorView oscale = args.get(output_scale, "output_scale", false, true);
+            nb::gil_scoped_release release;
+            a.forward(q, k, v, cache, *attn_metadata.metadata, out, lse, oscale);
+          },
+          "query"_a, "key"_a.none(), "value"_a.none(), "kv_cache"_a.none(), "attn_metadata"_a,
+          "output"_a, "output_lse"_a.none(), "output_scale"_a.none())
+      .def_prop_rw(
+          "q_scale", [](const Attention& a) { return a.scales().q_scale; },
+          [](Attention& a, float s) { a.scales().q_scale = s; }, "Query scale (fp8 query input).")
+      .def_prop_rw(
+          "k_scale", [](const Attention& a) { return a.scales().k_scale; },
+          [](Attention& a, float s) { a.scales().k_scale = s; },
+          "Per-tensor key scale of an fp8 cache: stored = saturate(k / k_scale).")
+      .def_prop_rw(
+          "v_scale", [](const Attention& a) { return a.scales().v_scale; },
+          [](Attention& a, float s) { a.scales().v_scale = s; },
+          "Per-tensor value scale of an fp8 cache: stored = saturate(v / v_scale).")
+      .def_prop_ro("num_heads", [](const Attention& a) { return a.params().num_heads; })
+      .def_prop_ro("head_size", [](const Attention& a) { return a.params().head_size; })
+      .def_prop_ro("head_size_v", [](const Attention& a) {
+        return a.params().head_size_v > 0 ? a.params().head_size_v : a.params().head_size;
+      })
+      .def_prop_ro("num_kv_heads", [](const Attention& a) {
+        return a.params().num_kv_heads > 0 ? a.params().num_kv_heads : a.params().num_heads;
+      })
+      .def_prop_ro("scale", [](const Attention& a) {
+        const AttentionLayerParams& p = a.params();
+        return p.scale != 0.f ? p.scale : 1.f / std::sqrt(static_cast<float>(p.head_size));
+      })
+      .def_prop_ro("attn_type", [](const Attention& a) { return std::string(attention_type_name(a.params().attn_type)); })
+      .def_prop_ro("kv_cache_dtype", [](const Attention& a) { return a.params().kv_cache_dtype; })
+      .def_prop_ro("block_size", [](const Attention& a) { return a.params().block_size; })
+      .def_prop_ro("sliding_window", [](const Attention& a) { return a.params().sliding_window; })
+      .def_prop_ro("logits_soft_cap", [](const Attention& a) { return a.params().logits_soft_cap; })
+      .def_prop_ro("alibi_slopes", [](const Attention& a) -> std::optional<std::vector<float>> {
+        if (a.params().alibi_slopes.empty()) return std::nullopt;
+        return a.params().alibi_slopes;
+      })
+      .def_prop_ro("sinks", [](const Attention& a) -> std::optional<std::vector<float>> {
+        if (a.params().sinks.empty()) return std::nullopt;
+        return a.params().sinks;
+      })
+      .def_prop_ro("kv_sharing_target_layer_name",
+                   [](const Attention& a) { return a.params().kv_sharing_target_layer_name; })
+      .def_prop_ro("layer_name", [](const Attention& a) { return a.params().prefix; })
+      .def_prop_ro("dtype", [](const Attention& a) { return std::string(framework_dtype_name(a.params().dtype)); })
+      .def_prop_ro("device", [](const Attention& a) { return std::string(device_name(a.params().device)); });
+}
+
+}  // namespace pagedattn::python
