@@ -1,0 +1,652 @@
+// The serving simulation (see simulation.h for the data flow).
+#include "simulation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ostream>
+#include <random>
+#include <span>
+#include <unordered_map>
+
+#include "cli_common.h"
+#include "pagedattn/pagedattn.h"
+#include "work_model.h"
+
+namespace pagedattn::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int cdiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// The library's selector lists every backend on its own line: one line here.
+std::string one_line(std::string text) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      while (i + 1 < text.size() && text[i + 1] == ' ') ++i;
+      out += out.empty() || out.back() == ':' ? " " : "; ";
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+bool is_selector_error(const Error& e) {
+  return e.argument().empty() || e.argument() == "backend" || e.argument() == "PAGEDATTN_BACKEND";
+}
+
+bool same_builder_config(const BuilderConfig& a, const BuilderConfig& b) {
+  return a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads && a.head_size == b.head_size &&
+         a.head_size_v == b.head_size_v && a.max_num_seqs == b.max_num_seqs &&
+         a.max_num_batched_tokens == b.max_num_batched_tokens && a.max_model_len == b.max_model_len &&
+         a.sliding_window == b.sliding_window && a.use_alibi == b.use_alibi && a.attn_type == b.attn_type &&
+         a.num_sms == b.num_sms;
+}
+
+struct LayerState {
+  LayerShape shape;
+  std::unique_ptr<Attention> layer;
+  Tensor cache;
+  int group = -1;
+  std::unique_ptr<Attention> ref_layer;  // --check: the same layer on REFERENCE (cpu)
+  Tensor ref_cache;
+  int ref_group = -1;
+  double max_rel_error = 0;
+  int checked_steps = 0;
+};
+
+// One KV-cache group: the layers that share a backend, a KVCacheSpec and a builder config.
+struct GroupState {
+  const AttentionBackend* backend = nullptr;
+  KVCacheSpec spec;
+  BuilderConfig config;
+  int chunk = 0;  // > 0: chunked local attention, run on virtual batches
+  std::unique_ptr<AttentionMetadataBuilder> builder;
+  std::vector<int> layers;
+  LayerShape shape;
+};
+
+// The step's arrays on the host (for the metadata, the virtual batches and the accounting).
+struct HostBatch {
+  std::vector<int32_t> query_start_loc, seq_lens, query_lens, block_table;
+  std::vector<int64_t> slot_mapping;
+  int cols = 0;
+};
+
+void fill_normal(Tensor& t, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), t.dtype(), i, normal(rng));
+}
+
+// Progress on stderr: a bar redrawn in place on a terminal, otherwise a line every 10% of the
+// requests (and at the end).
+class Progress {
+ public:
+  Progress(std::ostream* os, int total_requests, bool tty)
+      : os_(os), total_(total_requests), tty_(tty), last_draw_(Clock::now()) {}
+  void update(const SchedulerStats& s, bool force = false) {
+    if (!os_) return;
+    if (tty_) {
+      if (!force && std::chrono::duration<double>(Clock::now() - last_draw_).count() < 0.1) return;
+      last_draw_ = Clock::now();
+      const int width = 30;
+      int filled = total_ ? width * s.finished_requests / total_ : width;
+      *os_ << "\r[" << std::string(static_cast<size_t>(filled), '#')
+           << std::string(static_cast<size_t>(width - filled), '.') << "] step " << s.steps << " | "
+           << format_count(s.scheduled_tokens) << " tokens | " << s.finished_requests << "/" << total_
+           << " requests done" << std::flush;
+      drawn_ = true;
+    } else {
+      int decile = total_ ? 10 * s.finished_requests / total_ : 10;
+      if (!force && decile <= last_decile_) return;
+      last_decile_ = decile;
+      *os_ << "pagedattn run: step " << s.steps << ", " << format_count(s.scheduled_tokens) << " tokens, "
+           << s.finished_requests << "/" << total_ << " requests done\n";
+    }
+  }
+  void finish(const SchedulerStats& s) {
+    if (!os_) return;
+    if (tty_) {
+      update(s, true);
+      if (drawn_) *os_ << "\n";
+    } else if (last_decile_ < 10) {
+      update(s, true);  // stopped early (--max-steps): say where
+    }
+  }
+
+ private:
+  std::ostream* os_;
+  int total_;
+  bool tty_;
+  bool drawn_ = false;
+  int last_decile_ = 0;
+  Clock::time_point last_draw_;
+};
+
+// "sliding_window 128, kv 2 x 64 bfloat16, 8 KiB/block"
+std::string spec_summary(const KVCacheSpec& spec) {
+  std::string s(kv_cache_spec_kind_name(spec.kind));
+  if (spec.kind == KVCacheSpecKind::sliding_window) s += " " + std::to_string(spec.sliding_window);
+  if (spec.kind == KVCacheSpecKind::chunked_local_attention) s += " " + std::to_string(spec.attention_chunk_size);
+  s += ", kv " + std::to_string(spec.num_kv_heads) + " x " + std::to_string(spec.head_size);
+  if (spec.head_size_v > 0 && spec.head_size_v != spec.head_size) s += "/" + std::to_string(spec.head_size_v);
+  s += " " + std::string(dtype_name(spec.dtype)) + ", " + format_sig(spec.page_size_bytes() / 1024.0, 3) + " KiB/block";
+  return s;
+}
+
+}  // namespace
+
+double check_tolerance(DType dtype, const std::string& kv_cache_dtype) {
+  DType kv = kv_cache_storage_dtype(kv_cache_dtype, dtype);
+  if (is_fp8(kv)) return 6e-2;
+  double t = 1e-5;
+  for (DType d : {dtype, kv}) {
+    if (d == DType::f16) t = std::max(t, 2e-3);
+    if (d == DType::bf16) t = std::max(t, 8e-3);
+  }
+  return t;
+}
+
+double output_relative_error(const TensorView& out, const TensorView& ref) {
+  PAGEDATTN_CHECK(out.numel() == ref.numel() && out.is_contiguous() && ref.is_contiguous() &&
+                      out.device() == Device::cpu && ref.device() == Device::cpu,
+                  "out", "output_relative_error: out ", out.describe(), " and ref ", ref.describe(),
+                  " must be contiguous host tensors of the same size");
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    double o = load_f64(out.data(), out.dtype(), i);
+    double r = load_f64(ref.data(), ref.dtype(), i);
+    if (!std::isfinite(o)) return INFINITY;
+    diff += (o - r) * (o - r);
+    norm += r * r;
+  }
+  if (norm == 0) return std::sqrt(diff);
+  return std::sqrt(diff / norm);
+}
+
+struct Simulation::State {
+  RunOptions options;
+  const ModelPreset* preset = nullptr;
+  std::vector<LayerState> layers;
+  std::vector<GroupState> groups, ref_groups;
+  std::unique_ptr<Scheduler> scheduler;
+  bool check = false;
+  int threads = 0;
+  int num_sms = 0;
+  double tolerance = 0;
+  // Random activations: N(0, 1) values; q/k/v are views at random offsets (fresh per layer and
+  // step). pool_device is the copy on the run's device (empty on the cpu).
+  Tensor pool_host, pool_device;
+  int64_t pool_slack = 0;
+  Tensor output, ref_output;  // flat; viewed as (T, Hq, Dv)
+  std::mt19937_64 rng;
+  int64_t kv_cache_bytes = 0;
+
+  int add_group(std::vector<GroupState>& list, const Attention& layer, const LayerShape& shape, Device device);
+  HostBatch host_batch(const StepSchedule& step) const;
+  StepRecord run_step(const StepSchedule& step, bool check_step, RunReport& report);
+};
+
+int Simulation::State::add_group(std::vector<GroupState>& list, const Attention& layer, const LayerShape& shape,
+                                 Device device) {
+  const int max_len = scheduler->max_request_len();
+  BuilderConfig config = layer.builder_config(options.max_num_seqs, options.max_num_batched_tokens, max_len);
+  config.num_sms = device == Device::cuda ? num_sms : threads;
+  int chunk = shape.kind == LayerKind::chunked_local ? shape.attention_chunk_size : 0;
+  if (chunk > 0) {
+    // Virtual batches: at most one per request plus one per chunk of the step's tokens more.
+    config.max_num_seqs = 2 * options.max_num_seqs + cdiv(options.max_num_batched_tokens, chunk);
+    config.max_model_len = chunk;
+  }
+  KVCacheSpec spec = layer.kv_cache_spec();
+  for (size_t g = 0; g < list.size(); ++g) {
+    if (list[g].backend == &layer.backend() && list[g].spec == spec && same_builder_config(list[g].config, config)) {
+      return static_cast<int>(g);
+    }
+  }
+  GroupState group;
+  group.backend = &layer.backend();
+  group.spec = spec;
+  group.config = config;
+  group.chunk = chunk;
+  group.shape = shape;
+  group.builder = layer.backend().make_builder(spec, config, device);
+  list.push_back(std::move(group));
+  return static_cast<int>(list.size()) - 1;
+}
+
+Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.options = std::move(options);
+  RunOptions& o = s.options;
+  s.preset = &find_preset(o.preset);
+  s.threads = apply_thread_count(o.threads);
+  s.num_sms = o.device == Device::cuda ? gpu_sm_count(0) : s.threads;
+  s.rng.seed(o.seed);
+
+  if (o.num_layers < 0) throw UsageError("--layers: " + std::to_string(o.num_layers) + " must be >= 1");
+  if (o.block_size < 1) throw UsageError("--block-size: " + std::to_string(o.block_size) + " must be >= 1");
+  if (o.dtype != DType::f32 && o.dtype != DType::f16 && o.dtype != DType::bf16) {
+    throw UsageError("--dtype: " + std::string(dtype_name(o.dtype)) + " is not an activation dtype: expected float32, float16 or bfloat16");
+  }
+  try {
+    validate_kv_cache_dtype(o.kv_cache_dtype);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--kv-cache-dtype: ") + e.what());
+  }
+  if (!o.backend.empty() && find_backend(o.backend) == nullptr) {
+    std::vector<std::string> names;
+    for (const AttentionBackend* b : registered_backends()) names.emplace_back(b->name());
+    throw UsageError("--backend: unknown backend '" + o.backend + "': expected one of " + join(names, ", "));
+  }
+  if (o.device == Device::cuda && cuda_device_count() == 0) {
+    throw UsageError(std::string("--device cuda: ") +
+                     (built_with_cuda() ? "no CUDA device is visible" : "this pagedattn was built without CUDA"));
+  }
+  if (o.check_interval < 1) throw UsageError("--check-interval: " + std::to_string(o.check_interval) + " must be >= 1");
+  if (o.max_steps < 0) throw UsageError("--max-steps: " + std::to_string(o.max_steps) + " must be >= 0");
+  if (!(o.kv_cache_gib > 0)) throw UsageError("--kv-cache-gib: must be > 0");
+  if (o.max_num_batched_tokens < 1) {
+    throw UsageError("--max-num-batched-tokens: " + std::to_string(o.max_num_batched_tokens) + " must be >= 1");
+  }
+  if (o.max_model_len < 0) throw UsageError("--max-model-len: " + std::to_string(o.max_model_len) + " must be >= 1");
+
+  std::vector<LayerShape> shapes = s.preset->layers(o.num_layers);
+  for (const LayerShape& shape : shapes) {
+    if (shape.kind == LayerKind::chunked_local && shape.attention_chunk_size % o.block_size != 0) {
+      throw UsageError("--block-size: " + std::to_string(o.block_size) + " does not divide the attention_chunk_size " +
+                       std::to_string(shape.attention_chunk_size) + " of " + s.preset->name +
+                       "'s chunked local layers (make_local_attention_virtual_batches needs whole blocks per chunk)");
+    }
+  }
+
+  // ---- layers (the selector picks each layer's backend) -----------------------------------------
+  std::mt19937_64 sink_rng(o.seed ^ 0x51A5u);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const LayerShape& shape = shapes[i];
+    std::string name = "model.layers." + std::to_string(i) + ".self_attn.attn";
+    if (shape.kind == LayerKind::mla) {
+      SelectorConfig c;
+      c.head_size = shape.selector_head_size();
+      c.dtype = o.dtype;
+      c.kv_cache_dtype = o.kv_cache_dtype;
+      c.block_size = o.block_size;
+      c.use_mla = true;
+      c.device = o.device;
+      try {
+        const AttentionBackend& b = get_attn_backend(c, o.backend);
+        throw UnsupportedConfiguration(
+            s.preset->name + ": layer " + name + " is MLA; backend " + std::string(b.name()) +
+            " accepts use_mla, but the simulator drives standard Attention layers only (the library "
+            "exposes no MLA layer in include/pagedattn), so it cannot run this model");
+      } catch (const Error& e) {
+        throw UnsupportedConfiguration(s.preset->name + ": layer " + name + " (MLA, latent " +
+                                       std::to_string(shape.kv_lora_rank) + "+" + std::to_string(shape.qk_rope_head_dim) +
+                                       ", " + std::to_string(shape.num_heads) + " heads) cannot run: " + one_line(e.what()));
+      }
+    }
+    AttentionLayerParams p;
+    p.num_heads = shape.num_heads;
+    p.head_size = shape.head_size;
+    p.head_size_v = shape.head_size_v;
+    p.scale = shape.scale;
+    p.num_kv_heads = shape.num_kv_heads;
+    if (shape.kind == LayerKind::sliding_window) p.sliding_window = shape.sliding_window;
+    if (shape.kind == LayerKind::chunked_local) p.attention_chunk_size = shape.attention_chunk_size;
+    p.logits_soft_cap = shape.logits_soft_cap;
+    if (shape.has_sinks) {
+      for (int h = 0; h < shape.num_heads; ++h) p.sinks.push_back(normal(sink_rng));
+    }
+    p.kv_cache_dtype = o.kv_cache_dtype;
+    p.block_size = o.block_size;
+    p.prefix = name;
+    p.dtype = o.dtype;
+    p.device = o.device;
+    p.backend = o.backend;
+    LayerState ls;
+    ls.shape = shape;
+    try {
+      ls.layer = std::make_unique<Attention>(p);
+    } catch (const Error& e) {
+      std::string msg = s.preset->name + ": layer " + name + " (" + shape.describe() + ") cannot run: " + one_line(e.what());
+      if (is_selector_error(e)) throw UnsupportedConfiguration(msg);
+      throw UsageError(msg);
+    }
+    s.layers.push_back(std::move(ls));
+  }
+
+  // ---- workload and scheduler ----------------------------------------------------------------------
+  std::vector<RequestSpec> requests = generate_workload(o.workload);
+  SchedulerConfig sc;
+  sc.block_size = o.block_size;
+  sc.max_num_batched_tokens = o.max_num_batched_tokens;
+  sc.max_num_seqs = o.max_num_seqs;
+  sc.max_model_len = o.max_model_len > 0 ? o.max_model_len : s.preset->max_model_len;
+  sc.chunked_prefill = o.chunked_prefill;
+  sc.long_prefill_token_threshold = o.long_prefill_token_threshold;
+  int64_t page_bytes = 0;  // one block in every layer's cache
+  for (const LayerState& l : s.layers) page_bytes += l.layer->kv_cache_spec().page_size_bytes();
+  if (o.num_blocks > 0) {
+    sc.num_blocks = o.num_blocks;
+  } else {
+    int64_t all_at_once = 1;
+    for (const RequestSpec& r : requests) all_at_once += cdiv(int64_t{r.prompt_len} + r.output_len - 1, o.block_size);
+    int64_t fits = static_cast<int64_t>(o.kv_cache_gib * double(int64_t{1} << 30) / double(page_bytes));
+    sc.num_blocks = static_cast<int>(std::clamp<int64_t>(std::min(all_at_once, fits), 0, int64_t{1} << 30));
+    if (sc.num_blocks < 1) {
+      throw UsageError("--kv-cache-gib: " + format_sig(o.kv_cache_gib) + " GiB holds no block of " +
+                       std::to_string(page_bytes) + " bytes (all layers)");
+    }
+  }
+  try {
+    s.scheduler = std::make_unique<Scheduler>(sc, std::move(requests));
+  } catch (const UsageError& e) {
+    if (o.num_blocks == 0 && std::string(e.what()).rfind("--num-blocks", 0) == 0) {
+      throw UsageError(std::string(e.what()) + " (the automatic count is capped by --kv-cache-gib " +
+                       format_sig(o.kv_cache_gib) + ")");
+    }
+    throw;
+  }
+
+  // ---- caches and builders --------------------------------------------------------------------------
+  s.check = o.check.value_or(s.preset->name == "tiny");
+  s.tolerance = check_tolerance(o.dtype, o.kv_cache_dtype);
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    LayerState& l = s.layers[i];
+    l.cache = l.layer->allocate_kv_cache(sc.num_blocks);
+    s.kv_cache_bytes += static_cast<int64_t>(l.cache.nbytes());
+    l.group = s.add_group(s.groups, *l.layer, l.shape, o.device);
+    s.groups[static_cast<size_t>(l.group)].layers.push_back(static_cast<int>(i));
+    if (s.check) {
+      AttentionLayerParams rp = l.layer->params();
+      rp.backend = "REFERENCE";
+      rp.device = Device::cpu;
+      try {
+        l.ref_layer = std::make_unique<Attention>(rp);
+      } catch (const Error& e) {
+        throw UnsupportedConfiguration("--check: the REFERENCE backend cannot run layer " + rp.prefix + ": " + one_line(e.what()));
+      }
+      l.ref_cache = l.ref_layer->allocate_kv_cache(sc.num_blocks);
+      l.ref_group = s.add_group(s.ref_groups, *l.ref_layer, l.shape, Device::cpu);
+      s.ref_groups[static_cast<size_t>(l.ref_group)].layers.push_back(static_cast<int>(i));
+    }
+  }
+
+  // Decodes-first reorder with the builders' threshold (vLLM: reorder_batch_threshold), >= 1.
+  int decode_threshold = 1;
+  for (const GroupState& g : s.groups) decode_threshold = std::max(decode_threshold, g.builder->reorder_batch_threshold());
+  s.scheduler->set_decode_threshold(decode_threshold);
+
+  // ---- activations ------------------------------------------------------------------------------------
+  int64_t per_token = 0, out_per_token = 0;
+  for (const LayerState& l : s.layers) {
+    const LayerShape& sh = l.shape;
+    per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * sh.head_size,
+                                   int64_t{sh.num_kv_heads} * std::max(sh.head_size, sh.value_head_size())});
+    out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.value_head_size());
+  }
+  const int64_t max_tokens = o.max_num_batched_tokens;
+  s.pool_slack = 1 << 16;
+  s.pool_host = Tensor(Shape{max_tokens * per_token + s.pool_slack}, o.dtype, Device::cpu);
+  fill_normal(s.pool_host, o.seed ^ 0xACCE55u);
+  if (o.device != Device::cpu) s.pool_device = s.pool_host.to(o.device);
+  s.output = Tensor(Shape{max_tokens * out_per_token}, o.dtype, o.device);
+  s.output.fill_bytes(0xFF);
+  if (s.check) s.ref_output = Tensor(Shape{max_tokens * out_per_token}, o.dtype, Device::cpu);
+}
+
+Simulation::~Simulation() = default;
+
+const Scheduler& Simulation::scheduler() const { return *state_->scheduler; }
+
+HostBatch Simulation::State::host_batch(const StepSchedule& step) const {
+  HostBatch b;
+  const int bs = options.block_size;
+  b.cols = std::max(1, scheduler->max_blocks_per_request());
+  const int n = static_cast<int>(step.requests.size());
+  b.query_start_loc.push_back(0);
+  b.block_table.assign(static_cast<size_t>(n) * b.cols, 0);  // unused columns: block 0, as vLLM pads
+  for (int r = 0; r < n; ++r) {
+    const ScheduledRequest& req = step.requests[static_cast<size_t>(r)];
+    b.query_lens.push_back(req.num_scheduled_tokens);
+    b.query_start_loc.push_back(b.query_start_loc.back() + req.num_scheduled_tokens);
+    b.seq_lens.push_back(req.seq_len());
+    std::copy(req.blocks.begin(), req.blocks.end(), b.block_table.begin() + static_cast<ptrdiff_t>(r) * b.cols);
+    for (int pos = req.num_computed_tokens; pos < req.seq_len(); ++pos) {
+      b.slot_mapping.push_back(int64_t{req.blocks[static_cast<size_t>(pos / bs)]} * bs + pos % bs);
+    }
+  }
+  return b;
+}
+
+StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step, RunReport& report) {
+  const RunOptions& o = options;
+  const int bs = o.block_size;
+  const int64_t num_blocks = scheduler->config().num_blocks;
+  StepRecord rec;
+  rec.step = step.step;
+  rec.num_reqs = static_cast<int>(step.requests.size());
+  rec.num_tokens = step.num_scheduled_tokens;
+  rec.num_decode_tokens = step.num_decode_tokens;
+  rec.num_prefill_tokens = step.num_prefill_tokens;
+  rec.num_preempted = static_cast<int>(step.preempted.size());
+  rec.checked = check_step;
+
+  HostBatch hb = host_batch(step);
+  const int num_tokens = step.num_scheduled_tokens;
+  CommonAttentionMetadataArgs args;
+  args.query_start_loc = hb.query_start_loc;
+  args.seq_lens = hb.seq_lens;
+  args.block_table = hb.block_table;
+  args.max_num_blocks_per_req = hb.cols;
+  args.slot_mapping = hb.slot_mapping;
+  OwnedCommonAttentionMetadata common = make_common_attention_metadata(args, o.device, num_blocks, bs);
+  std::unique_ptr<OwnedCommonAttentionMetadata> common_host;  // the reference's copy (cuda runs)
+  if (check && o.device != Device::cpu) {
+    common_host = std::make_unique<OwnedCommonAttentionMetadata>(
+        make_common_attention_metadata(args, Device::cpu, num_blocks, bs));
+  }
+
+  // Chunked-local layers: virtual batches per chunk size (vLLM's ChunkedLocalAttention builder).
+  struct Local {
+    OwnedCommonAttentionMetadata device, host;
+    bool has_host = false;
+  };
+  std::unordered_map<int, Local> locals;
+  auto local_for = [&](int chunk) -> Local& {
+    auto it = locals.find(chunk);
+    if (it != locals.end()) return it->second;
+    LocalAttentionVirtualBatches v = make_local_attention_virtual_batches(
+        chunk, hb.query_start_loc, hb.seq_lens, hb.block_table, hb.cols, bs);
+    CommonAttentionMetadataArgs la;
+    la.query_start_loc = v.cu_seqlens_q_local;
+    la.seq_lens = v.seqlens_k_local;
+    la.block_table = v.block_table_local;
+    la.max_num_blocks_per_req = v.pages_per_local_batch;
+    la.slot_mapping = hb.slot_mapping;
+    Local local{make_common_attention_metadata(la, o.device, num_blocks, bs), {}, false};
+    if (check && o.device != Device::cpu) {
+      local.host = make_common_attention_metadata(la, Device::cpu, num_blocks, bs);
+      local.has_host = true;
+    }
+    return locals.emplace(chunk, std::move(local)).first->second;
+  };
+
+  // Plan: one build per group. The cascade prefix is offered when the builder's heuristic wants it
+  // (never to the check's REFERENCE plans, so that a cascade run is compared with a plain one).
+  auto plan = [&](std::vector<GroupState>& list, bool reference) {
+    const bool host = reference;
+    std::vector<std::shared_ptr<const AttentionMetadata>> metadata;
+    for (GroupState& g : list) {
+      const CommonAttentionMetadata* cm;
+      if (g.chunk > 0) {
+        Local& l = local_for(g.chunk);
+        cm = host && l.has_host ? &l.host.common : &l.device.common;
+      } else {
+        cm = host && common_host ? &common_host->common : &common.common;
+      }
+      int prefix = 0;
+      if (g.chunk == 0 && !reference) {
+        int candidate = common_prefix_len(*cm, bs);
+        if (candidate > 0 &&
+            g.builder->use_cascade_attention(candidate, hb.query_lens, g.config.num_heads, g.config.num_kv_heads,
+                                             g.config.use_alibi, g.config.sliding_window.has_value(), false,
+                                             g.config.num_sms)) {
+          prefix = candidate;
+        }
+      }
+      metadata.push_back(g.builder->build(prefix, *cm, false));
+    }
+    return metadata;
+  };
+  // Host preparation (like the common metadata above) stays outside the timed plan.
+  for (const GroupState& g : groups) {
+    if (g.chunk > 0) local_for(g.chunk);
+  }
+  auto t_plan = Clock::now();
+  std::vector<std::shared_ptr<const AttentionMetadata>> metadata = plan(groups, false);
+  if (o.device == Device::cuda) synchronize_cuda();
+  rec.plan_seconds = seconds_since(t_plan);
+  for (const auto& md : metadata) rec.cascade_plans += md->use_cascade ? 1 : 0;
+  std::vector<std::shared_ptr<const AttentionMetadata>> ref_metadata;
+  if (check_step) ref_metadata = plan(ref_groups, true);
+
+  ForwardContext ctx, ref_ctx;
+  for (LayerState& l : layers) {
+    ctx.attn_metadata[l.layer->name()] = metadata[static_cast<size_t>(l.group)];
+    ctx.kv_caches[l.layer->name()] = l.cache.view();
+    if (check_step) {
+      ref_ctx.attn_metadata[l.layer->name()] = ref_metadata[static_cast<size_t>(l.ref_group)];
+      ref_ctx.kv_caches[l.layer->name()] = l.ref_cache.view();
+    }
+  }
+  TensorView slots_host(hb.slot_mapping.data(), DType::i64, Shape{static_cast<int64_t>(hb.slot_mapping.size())});
+
+  std::uniform_int_distribution<int64_t> offset_dist(0, pool_slack / 64 - 1);
+  const size_t esize = dtype_size(o.dtype);
+  for (LayerState& l : layers) {
+    const LayerShape& sh = l.shape;
+    const int64_t hq = sh.num_heads, hkv = sh.num_kv_heads, d = sh.head_size, dv = sh.value_head_size();
+    int64_t q_off = 64 * offset_dist(rng), k_off = 64 * offset_dist(rng), v_off = 64 * offset_dist(rng);
+    auto view = [&](const Tensor& pool, int64_t off, int64_t heads, int64_t dim) {
+      return TensorView(static_cast<char*>(pool.data()) + off * static_cast<int64_t>(esize), o.dtype,
+                        Shape{num_tokens, heads, dim}, pool.device());
+    };
+    const Tensor& pool = o.device == Device::cpu ? pool_host : pool_device;
+    TensorView q = view(pool, q_off, hq, d), k = view(pool, k_off, hkv, d), v = view(pool, v_off, hkv, dv);
+    TensorView out(output.data(), o.dtype, Shape{num_tokens, hq, dv}, o.device);
+    if (check_step) output.fill_bytes(0xFF);  // every element must be written
+
+    auto t0 = Clock::now();
+    ctx.forward(*l.layer, q, k, v, out);
+    if (o.device == Device::cuda) synchronize_cuda();
+    rec.forward_seconds += seconds_since(t0);
+
+    if (!check) continue;
+    TensorView qh = view(pool_host, q_off, hq, d), kh = view(pool_host, k_off, hkv, d), vh = view(pool_host, v_off, hkv, dv);
+    if (!check_step) {
+      // Keep the REFERENCE cache in step: the same k/v at the same slots.
+      reshape_and_cache(kh, vh, l.ref_cache.view(), slots_host, o.kv_cache_dtype);
+      continue;
+    }
+    TensorView ref_out(ref_output.data(), o.dtype, Shape{num_tokens, hq, dv}, Device::cpu);
+    ref_ctx.forward(*l.ref_layer, qh, kh, vh, ref_out);
+    double err;
+    if (o.device == Device::cpu) {
+      err = output_relative_error(out, ref_out);
+    } else {
+      Tensor out_host(Shape{num_tokens, hq, dv}, o.dtype, Device::cpu);
+      out_host.copy_from(out);
+      err = output_relative_error(out_host.view(), ref_out);
+    }
+    l.max_rel_error = std::max(l.max_rel_error, err);
+    ++l.checked_steps;
+  }
+
+  // Accounting: the work the step asked of every layer.
+  for (const LayerState& l : layers) {
+    AttentionWork w = attention_work(l.shape, o.dtype, kv_cache_storage_dtype(o.kv_cache_dtype, o.dtype),
+                                     hb.query_lens, hb.seq_lens);
+    report.kv_bytes += w.bytes;
+    report.flops += w.flops;
+  }
+  return rec;
+}
+
+RunReport Simulation::run(std::ostream* progress) {
+  State& s = *state_;
+  const RunOptions& o = s.options;
+  RunReport report;
+  report.options = o;
+  report.preset_summary = s.preset->summary(o.num_layers);
+  report.preset_source = s.preset->source;
+  report.threads = s.threads;
+  report.num_blocks = s.scheduler->config().num_blocks;
+  report.kv_cache_bytes = s.kv_cache_bytes;
+  report.num_requests = static_cast<int>(s.scheduler->requests().size());
+  report.requested_tokens = s.scheduler->requested_tokens();
+  report.check_enabled = s.check;
+  for (const GroupState& g : s.groups) {
+    report.groups.push_back(GroupReport{std::string(g.backend->name()), spec_summary(g.spec),
+                                        static_cast<int>(g.layers.size()), g.chunk > 0});
+  }
+  if (o.measure_peaks) {
+    try {
+      report.peaks = machine_peaks(o.device, o.dtype, s.threads, progress);
+    } catch (const Error& e) {
+      report.peaks_unavailable = e.what();
+    }
+  } else {
+    report.peaks_unavailable = "not measured (--no-peaks)";
+  }
+
+  Progress bar(progress, report.num_requests, o.progress && stderr_is_terminal());
+  auto t_wall = Clock::now();
+  int step_index = 0;
+  while (!s.scheduler->done() && (o.max_steps == 0 || step_index < o.max_steps)) {
+    StepSchedule step = s.scheduler->schedule();
+    bool check_step = s.check && step_index % o.check_interval == 0;
+    StepRecord rec = s.run_step(step, check_step, report);
+    s.scheduler->complete_step(step);
+    report.plan_seconds += rec.plan_seconds;
+    report.forward_seconds += rec.forward_seconds;
+    report.plans += static_cast<int64_t>(s.groups.size());
+    report.cascade_plans += rec.cascade_plans;
+    if (check_step) ++report.checked_steps;
+    report.steps.push_back(rec);
+    ++step_index;
+    if (o.progress) bar.update(s.scheduler->stats());
+  }
+  report.wall_seconds = seconds_since(t_wall);
+  if (o.progress) bar.finish(s.scheduler->stats());
+  report.completed = s.scheduler->done();
+  if (report.completed) s.scheduler->release_prefix_cache();
+  report.free_blocks_at_end = s.scheduler->pool().num_free_blocks();
+  report.stats = s.scheduler->stats();
+
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    const LayerState& l = s.layers[i];
+    LayerReport lr;
+    lr.name = l.layer->name();
+    lr.kind = l.shape.describe();
+    lr.backend = std::string(l.layer->backend().name());
+    lr.group = l.group;
+    lr.checked_steps = l.checked_steps;
+    lr.max_rel_error = l.max_rel_error;
+    lr.tolerance = s.tolerance;
+    if (s.check && l.checked_steps > 0 && !lr.passed()) report.check_passed = false;
+    report.layers.push_back(lr);
+  }
+  return report;
+}
+
+}  // namespace pagedattn::cli

@@ -1,0 +1,159 @@
+// `pagedattn run`: the serving simulation. Drives the real library the way a serving engine
+// does, without model weights:
+//
+//   scheduler step (scheduler.h)
+//     -> host arrays: query_start_loc, seq_lens, block_table, slot_mapping
+//     -> CommonAttentionMetadata (make_common_attention_metadata)
+//        chunked-local layers: virtual batches (make_local_attention_virtual_batches), as vLLM's
+//        ChunkedLocalAttention builder does before the backend's own builder
+//     -> one builder per KV-cache group (layers with the same backend and KVCacheSpec), build once
+//     -> every layer: ForwardContext::forward with random q/k/v of the layer's shape (views at
+//        random offsets into a pool of N(0, 1) values, fresh per layer and step)
+//
+// --check keeps a second set of layers forced to REFERENCE (on the CPU) with caches of their
+// own, written with the same k/v every step (reshape_and_cache; the layer writes them itself on
+// checked steps), and on every check_interval-th step runs them and compares the outputs:
+// max ||out - ref|| / ||ref|| per layer against the DESIGN.md tolerance of the dtypes.
+//
+// Sliding-window and chunked-local layers keep every block of a request (full block tables) and
+// the backend masks what a query does not see: simple and correct for a simulator.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "calibrate.h"
+#include "cli_common.h"
+#include "pagedattn/device.h"
+#include "pagedattn/dtype.h"
+#include "pagedattn/tensor.h"
+#include "presets.h"
+#include "scheduler.h"
+#include "workload.h"
+
+namespace pagedattn::cli {
+
+struct RunOptions {
+  std::string preset = "tiny";
+  int num_layers = 0;                 // 0 = the preset's
+  Device device = Device::cpu;
+  std::string backend;                // "" = the selector's choice per layer
+  DType dtype = DType::bf16;
+  std::string kv_cache_dtype = "auto";
+  int block_size = 16;
+  int threads = 0;                    // 0 = OpenMP default
+  uint64_t seed = 0;
+  WorkloadConfig workload;
+  int num_blocks = 0;                 // 0 = enough for every request at once, within kv_cache_gib
+  double kv_cache_gib = 4.0;          // cap of the automatic num_blocks (all layers together)
+  int max_num_batched_tokens = 512;
+  int max_num_seqs = 64;
+  int max_model_len = 0;              // 0 = the preset's
+  bool chunked_prefill = true;
+  int long_prefill_token_threshold = 0;
+  int max_steps = 0;                  // 0 = until every request finished
+  std::optional<bool> check;          // unset = on for the tiny preset only
+  int check_interval = 4;             // check every n-th step (the first included)
+  bool measure_peaks = true;          // calibrate (cached) for the fractions of peak
+  bool progress = true;
+};
+
+struct LayerReport {
+  std::string name;
+  std::string kind;                   // LayerShape::describe()
+  std::string backend;
+  int group = 0;
+  // --check
+  int checked_steps = 0;
+  double max_rel_error = 0;
+  double tolerance = 0;
+  bool passed() const { return max_rel_error <= tolerance; }
+};
+
+struct GroupReport {
+  std::string backend;
+  std::string spec;                   // kind, window/chunk, heads x size, dtype, page size
+  int num_layers = 0;
+  bool local_virtual_batches = false;
+};
+
+struct StepRecord {
+  int step = 0;
+  int num_reqs = 0;
+  int num_tokens = 0;
+  int num_decode_tokens = 0;
+  int num_prefill_tokens = 0;
+  int num_preempted = 0;
+  double plan_seconds = 0;
+  double forward_seconds = 0;
+  int cascade_plans = 0;              // group plans that took the cascade (shared-prefix) path
+  bool checked = false;
+};
+
+struct RunReport {
+  RunOptions options;
+  std::string preset_summary;
+  std::string preset_source;
+  int threads = 0;
+  int num_blocks = 0;
+  int64_t kv_cache_bytes = 0;         // all layer caches of the run (check caches excluded)
+  std::vector<LayerReport> layers;
+  std::vector<GroupReport> groups;
+  SchedulerStats stats;
+  int num_requests = 0;
+  int64_t requested_tokens = 0;
+  bool completed = false;             // every request finished (not stopped by --max-steps)
+  int free_blocks_at_end = 0;
+  double plan_seconds = 0;            // builders' build()
+  double forward_seconds = 0;         // layers' forward (cache write + attention)
+  double wall_seconds = 0;            // the whole simulation, checks included
+  int64_t plans = 0;                  // builder.build() calls (steps x groups)
+  int64_t cascade_plans = 0;          // of which took the cascade path
+  double kv_bytes = 0;                // bytes that must move: KV read once per request + q + o
+  double flops = 0;                   // 2 (D + Dv) per visible (query, key) pair per head
+  std::optional<MachinePeaks> peaks;
+  std::string peaks_unavailable;      // why not, when peaks is empty
+  bool check_enabled = false;
+  int checked_steps = 0;
+  bool check_passed = true;
+  std::vector<StepRecord> steps;
+
+  double attention_seconds() const { return plan_seconds + forward_seconds; }
+};
+
+class Simulation {
+ public:
+  // Builds the layers (selector), caches, builders and the scheduler. Throws UsageError for bad
+  // options and UnsupportedConfiguration when no backend fits a layer.
+  explicit Simulation(RunOptions options);
+  ~Simulation();
+  Simulation(const Simulation&) = delete;
+  Simulation& operator=(const Simulation&) = delete;
+
+  // Runs to completion (or max_steps). Progress lines go to `progress` when not null.
+  RunReport run(std::ostream* progress);
+
+  const Scheduler& scheduler() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// --check's measure: ||out - ref|| / ||ref|| over every element (fp64), infinity when out has a
+// non-finite element (e.g. poison left unwritten); the absolute norm when ref is all zeros.
+double output_relative_error(const TensorView& out, const TensorView& ref);
+// DESIGN.md §5 tolerance for activations of `dtype` and a cache of `kv_cache_dtype`:
+// f32 1e-5, f16 2e-3, bf16 8e-3, fp8 KV 6e-2 (the loosest dtype involved wins).
+double check_tolerance(DType dtype, const std::string& kv_cache_dtype);
+
+// The final table (stdout) and the JSON document (--json).
+void print_run_report(const RunReport& report, std::ostream& os);
+std::string run_report_json(const RunReport& report);
+
+}  // namespace pagedattn::cli
