@@ -11,6 +11,7 @@
 #include "pagedattn/selector.h"
 
 // One include per backend (CUDA ones under #if PAGEDATTN_HAS_CUDA).
+#include "backends/cpu/cpu_backend.h"
 #include "backends/reference/reference_backend.h"
 
 namespace pagedattn {
@@ -23,7 +24,7 @@ constexpr BackendAccessor kBackendTable[] = {
 #if PAGEDATTN_HAS_CUDA
     // CUDA backends (highest priority) go here, e.g. `&cuda_backend,`.
 #endif
-    // Host backends go here, e.g. `&cpu_backend,`.
+    &cpu_backend,        // flash-style SIMD (AVX-512 / AVX2 / scalar) + OpenMP
     &reference_backend,  // fp64 oracle, every feature: always last
 };
 

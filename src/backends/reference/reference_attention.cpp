@@ -451,7 +451,7 @@ void ReferenceAttentionImpl::forward(const LayerScales& scales, const TensorView
 
     KeyValueSource src;
     src.kv_head = h / queries_per_kv;
-    if (fp8_cache) {
+    if (fp8_cache && cached) {  // encoder types read their activations: no dequantization
       src.key_dequant = kv_scale(scales.k_scale_per_head, scales.k_scale, src.kv_head);
       src.value_dequant = kv_scale(scales.v_scale_per_head, scales.v_scale, src.kv_head);
     }

@@ -1,0 +1,348 @@
+// Benchmarks of the CPU backend (Google Benchmark). Every row reports, besides the time:
+//   GFLOP/s   4 * (visible keys) * D * Hq per token (Q·Kᵀ and P·V, causal keys only)
+//   GB/s      K/V bytes read (each visible page once per (request, kv head)) + Q + O, over time
+//   floor%    the roofline floor max(bytes / copy_bw, flops / peak) over the measured time,
+//             with copy_bw and peak measured by this program (Peak/* rows, same run):
+//               Peak/copy_bandwidth  STREAM-copy convention: (read + write bytes) / time
+//               Peak/read_bandwidth  read-only streaming (the access pattern of decode)
+//               Peak/fma_f32         f32 FMA rate (AVX-512, all threads)
+//               Peak/dpbf16          vdpbf16ps rate (AVX-512 BF16, all threads)
+//   path      the kernel path (PAGEDATTN_CPU_ISA or the best)
+// Shapes: Llama-3-8B attention (Hq 32, Hkv 8, D 128, bf16 unless _f16, block 16, NHD, shuffled
+// pages).
+//   Prefill/…    1x2048 and 4x1024 new tokens, causal, no context
+//   Decode/B/C   batch B (1, 16, 64) x context C (1k, 4k, 16k), one new token each
+//   Mixed        one 512-token chunk over 1536 cached + 32 decodes over 2k
+//   Reference/…  the REFERENCE backend (fp64, naive) on reduced sizes (it is ~1000x slower)
+// Run: build/…/bench/cpu_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../src/backends/cpu/cpu_backend.h"
+#include "../src/backends/cpu/cpu_kernels.h"
+#include "pagedattn/pagedattn.h"
+
+namespace pagedattn {
+namespace {
+
+// ---- measured peaks -------------------------------------------------------------------------
+struct Peaks {
+  double copy_gbs = 0, read_gbs = 0, fma_gflops = 0, dpbf16_gflops = 0;
+};
+Peaks g_peaks;
+
+double seconds_since(double start) { return omp_get_wtime() - start; }
+
+// Best of 7 passes over 1 GiB (memcpy: read + write bytes, the STREAM-copy convention; read:
+// AVX-512 loads, 4 independent chains). Every thread streams its own contiguous part.
+__attribute__((target("avx512f"))) double measure_bandwidth_gbs(bool read_only) {
+  const size_t bytes = size_t{1} << 30;
+  char* src = static_cast<char*>(std::aligned_alloc(size_t{1} << 21, bytes));
+  char* dst = read_only ? nullptr : static_cast<char*>(std::aligned_alloc(size_t{1} << 21, bytes));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < static_cast<int64_t>(bytes >> 12); ++i) {
+    std::memset(src + (i << 12), static_cast<int>(i), 4096);
+    if (dst != nullptr) std::memset(dst + (i << 12), 0, 4096);
+  }
+  double best = 0;
+  for (int rep = 0; rep < 7; ++rep) {
+    const double start = omp_get_wtime();
+    int64_t sink = 0;
+#pragma omp parallel reduction(+ : sink)
+    {
+      const size_t nt = static_cast<size_t>(omp_get_num_threads());
+      const size_t t = static_cast<size_t>(omp_get_thread_num());
+      const size_t chunk = bytes / nt / 256 * 256, begin = chunk * t;
+      if (read_only) {
+        const char* p = src + begin;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t i = 0; i < chunk; i += 256) {
+          a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
+          a1 = _mm512_xor_si512(a1, _mm512_load_si512(p + i + 64));
+          a2 = _mm512_xor_si512(a2, _mm512_load_si512(p + i + 128));
+          a3 = _mm512_xor_si512(a3, _mm512_load_si512(p + i + 192));
+        }
+        sink += _mm512_reduce_add_epi64(_mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3)));
+      } else {
+        std::memcpy(dst + begin, src + begin, chunk);
+      }
+    }
+    benchmark::DoNotOptimize(sink);
+    benchmark::DoNotOptimize(dst);
+    const double seconds = seconds_since(start);
+    best = std::max(best, (read_only ? 1.0 : 2.0) * static_cast<double>(bytes) / seconds / 1e9);
+  }
+  std::free(src);
+  std::free(dst);
+  return best;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) double measure_compute_gflops(bool bf16) {
+  const int64_t iters = 20'000'000;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double start = omp_get_wtime();
+    int threads = 1;
+#pragma omp parallel
+    {
+#pragma omp single
+      threads = omp_get_num_threads();
+      __m512 acc[12];
+      for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+      const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-4f);
+      const __m512bh ab = _mm512_cvtne2ps_pbh(a, a), bb = _mm512_cvtne2ps_pbh(b, b);
+      for (int64_t it = 0; it < iters; ++it) {
+        for (int i = 0; i < 12; ++i) {
+          acc[i] = bf16 ? _mm512_dpbf16_ps(acc[i], ab, bb) : _mm512_fmadd_ps(acc[i], a, b);
+        }
+      }
+      __m512 s = acc[0];
+      for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+      benchmark::DoNotOptimize(s);
+    }
+    // per instruction: 16 lanes x 2 FLOP (FMA) or 16 lanes x 2 pairs x 2 FLOP (dpbf16)
+    const double flops = static_cast<double>(iters) * 12 * threads * (bf16 ? 64 : 32);
+    best = std::max(best, flops / seconds_since(start) / 1e9);
+  }
+  return best;
+}
+
+void BM_Peak(benchmark::State& state, int which) {
+  double value = 0;
+  for (auto _ : state) {
+    switch (which) {
+      case 0: value = g_peaks.copy_gbs = measure_bandwidth_gbs(false); break;
+      case 1: value = g_peaks.read_gbs = measure_bandwidth_gbs(true); break;
+      case 2: value = g_peaks.fma_gflops = measure_compute_gflops(false); break;
+      default: value = g_peaks.dpbf16_gflops = measure_compute_gflops(true); break;
+    }
+  }
+  state.counters[which < 2 ? "GB/s" : "GFLOP/s"] = value;
+  state.counters["threads"] = omp_get_max_threads();
+}
+
+// ---- one attention step -----------------------------------------------------------------------
+struct RequestShape {
+  int context = 0;
+  int query = 0;
+};
+
+struct AttentionStep {
+  std::unique_ptr<AttentionImpl> impl;
+  std::unique_ptr<AttentionMetadataBuilder> builder;
+  Tensor cache, query, output;
+  OwnedCommonAttentionMetadata common;
+  std::shared_ptr<const AttentionMetadata> metadata;
+  LayerScales scales;
+  double flops = 0, bytes = 0;
+
+  void run() {
+    impl->forward(scales, query, TensorView{}, TensorView{}, cache, *metadata, output);
+  }
+};
+
+constexpr int kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
+
+// Asks for transparent huge pages on a tensor's memory (before its first touch): a KV cache is
+// read page by page in block-table order, and with 4 KiB pages nearly every 16-token page
+// costs a TLB miss.
+void advise_huge_pages(const Tensor& t) {
+  const auto begin = reinterpret_cast<uintptr_t>(t.data());
+  const uintptr_t huge = uintptr_t{1} << 21;
+  const uintptr_t first = (begin + huge - 1) & ~(huge - 1);
+  const uintptr_t last = (begin + t.nbytes()) & ~(huge - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+}
+
+// Fills a 16-bit float tensor with a repeated 1 MiB block of random values in [-1, 1).
+void fill_random(Tensor& t, uint64_t seed) {
+  const size_t pattern_elems = size_t{1} << 19;
+  std::vector<uint16_t> pattern(pattern_elems);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  for (auto& v : pattern) {
+    v = t.dtype() == DType::f16 ? f32_to_f16_bits(dist(rng)) : f32_to_bf16_bits(dist(rng));
+  }
+  auto* data = static_cast<uint16_t*>(t.data());
+  const size_t n = t.nbytes() / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < static_cast<int64_t>((n + pattern_elems - 1) / pattern_elems); ++i) {
+    const size_t begin = static_cast<size_t>(i) * pattern_elems;
+    std::memcpy(data + begin, pattern.data(), std::min(pattern_elems, n - begin) * 2);
+  }
+}
+
+std::unique_ptr<AttentionStep> make_step(const AttentionBackend& backend,
+                                         const std::vector<RequestShape>& batch,
+                                         DType dtype = DType::bf16) {
+  auto step = std::make_unique<AttentionStep>();
+  AttentionImplParams params;
+  params.num_heads = kHq;
+  params.num_kv_heads = kHkv;
+  params.head_size = kD;
+  params.scale = 1.f / std::sqrt(static_cast<float>(kD));
+  params.dtype = dtype;
+  params.block_size = kBlock;
+  step->impl = backend.make_impl(params);
+
+  int num_tokens = 0, max_seq = 1, total_blocks = 0, cols = 1;
+  for (const RequestShape& r : batch) {
+    num_tokens += r.query;
+    const int seq = r.context + r.query;
+    max_seq = std::max(max_seq, seq);
+    total_blocks += (seq + kBlock - 1) / kBlock;
+    cols = std::max(cols, (seq + kBlock - 1) / kBlock);
+  }
+  BuilderConfig config;
+  config.num_heads = kHq;
+  config.num_kv_heads = kHkv;
+  config.head_size = kD;
+  config.head_size_v = kD;
+  config.max_num_seqs = std::max<int>(256, static_cast<int>(batch.size()));
+  config.max_num_batched_tokens = std::max(8192, num_tokens);
+  config.max_model_len = std::max(max_seq, 8192);
+  step->builder = backend.make_builder(
+      KVCacheSpec::full_attention(kBlock, kHkv, kD, dtype), config, Device::cpu);
+
+  step->cache = backend.allocate_kv_cache(total_blocks, kBlock, kHkv, kD, dtype, Device::cpu);
+  if (std::getenv("CPU_BENCH_HUGEPAGES") != nullptr) advise_huge_pages(step->cache);
+  fill_random(step->cache, 1);
+  std::vector<int32_t> block_ids(total_blocks);
+  std::iota(block_ids.begin(), block_ids.end(), 0);
+  std::shuffle(block_ids.begin(), block_ids.end(), std::mt19937(7));
+
+  CommonAttentionMetadataArgs args;
+  args.query_start_loc = {0};
+  args.max_num_blocks_per_req = cols;
+  size_t next = 0;
+  for (const RequestShape& r : batch) {
+    const int seq = r.context + r.query;
+    args.query_start_loc.push_back(args.query_start_loc.back() + r.query);
+    args.seq_lens.push_back(seq);
+    const int used = (seq + kBlock - 1) / kBlock;
+    for (int c = 0; c < cols; ++c) args.block_table.push_back(c < used ? block_ids[next + c] : 0);
+    next += used;
+    for (int i = 0; i < r.query; ++i) args.slot_mapping.push_back(-1);
+    // visible keys: causal, no window
+    for (int i = 0; i < r.query; ++i) {
+      const double keys = r.context + i + 1;
+      step->flops += 4.0 * keys * kD * kHq;
+    }
+    // K and V, read once per (request, kv head)
+    step->bytes += 2.0 * seq * kHkv * kD * static_cast<double>(dtype_size(dtype));
+  }
+  step->bytes += 2.0 * num_tokens * kHq * kD * static_cast<double>(dtype_size(dtype));  // Q, O
+  step->common = make_common_attention_metadata(args, Device::cpu, total_blocks, kBlock);
+  step->metadata = step->builder->build(0, step->common.common);
+  step->query = Tensor(Shape{num_tokens, kHq, kD}, dtype);
+  fill_random(step->query, 2);
+  step->output = Tensor(Shape{num_tokens, kHq, kD}, dtype);
+  return step;
+}
+
+void report(benchmark::State& state, const AttentionStep& step, const char* path) {
+  const double iterations = static_cast<double>(state.iterations());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(step.flops * iterations / 1e9, benchmark::Counter::kIsRate);
+  state.counters["GB/s"] = benchmark::Counter(step.bytes * iterations / 1e9, benchmark::Counter::kIsRate);
+  state.SetLabel(path);
+  if (g_peaks.copy_gbs > 0 && g_peaks.dpbf16_gflops > 0) {
+    // floor seconds per iteration; the counter divides by measured seconds per iteration.
+    const double floor_s = std::max(step.bytes / (g_peaks.copy_gbs * 1e9),
+                                    step.flops / (g_peaks.dpbf16_gflops * 1e9));
+    state.counters["floor%"] = benchmark::Counter(100.0 * floor_s * iterations, benchmark::Counter::kIsRate);
+    state.counters["copy_bw%"] = benchmark::Counter(
+        100.0 * step.bytes * iterations / (g_peaks.copy_gbs * 1e9), benchmark::Counter::kIsRate);
+  }
+}
+
+void BM_Cpu(benchmark::State& state, std::vector<RequestShape> batch, DType dtype) {
+  auto step = make_step(cpu_backend(), batch, dtype);
+  step->run();  // warm-up (first touch of scratch)
+  for (auto _ : state) {
+    step->run();
+    benchmark::ClobberMemory();
+  }
+  report(state, *step, cpu::active_kernels().name);
+}
+
+void BM_Reference(benchmark::State& state, std::vector<RequestShape> batch) {
+  const AttentionBackend* reference = find_backend("REFERENCE");
+  if (reference == nullptr) {
+    state.SkipWithError("REFERENCE is not registered");
+    return;
+  }
+  auto step = make_step(*reference, batch);
+  for (auto _ : state) step->run();
+  report(state, *step, "reference-fp64");
+}
+
+std::vector<RequestShape> decode_batch(int batch, int context) {
+  return std::vector<RequestShape>(static_cast<size_t>(batch), RequestShape{context, 1});
+}
+
+void register_all() {
+  const auto peak = [](const char* name, int which) {
+    benchmark::RegisterBenchmark(name, BM_Peak, which)->Iterations(1)->Unit(benchmark::kMillisecond);
+  };
+  peak("Peak/copy_bandwidth", 0);
+  peak("Peak/read_bandwidth", 1);
+  peak("Peak/fma_f32", 2);
+  peak("Peak/dpbf16", 3);
+  const auto cpu = [](const std::string& name, std::vector<RequestShape> batch,
+                      DType dtype = DType::bf16) {
+    benchmark::RegisterBenchmark(("CPU/" + name).c_str(), BM_Cpu, std::move(batch), dtype)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->MinTime(0.5);
+  };
+  cpu("Prefill/1x2048", {{0, 2048}});
+  cpu("Prefill/4x1024", std::vector<RequestShape>(4, RequestShape{0, 1024}));
+  // f16 activations run the f32 FMA path (no bf16 dot product): the AVX-512 fp32 kernels.
+  cpu("Prefill/1x2048_f16", {{0, 2048}}, DType::f16);
+  cpu("Decode/16x4k_f16", decode_batch(16, 4096), DType::f16);
+  for (int batch : {1, 16, 64}) {
+    for (int context : {1024, 4096, 16384}) {
+      cpu("Decode/" + std::to_string(batch) + "x" + std::to_string(context / 1024) + "k",
+          decode_batch(batch, context));
+    }
+  }
+  std::vector<RequestShape> mixed = decode_batch(32, 2048);
+  mixed.push_back({1536, 512});
+  cpu("Mixed/512chunk+32x2k", mixed);
+  const auto ref = [](const std::string& name, std::vector<RequestShape> batch) {
+    benchmark::RegisterBenchmark(("REFERENCE/" + name).c_str(), BM_Reference, std::move(batch))
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->Iterations(1);
+  };
+  ref("Prefill/1x256", {{0, 256}});
+  ref("Decode/16x1k", decode_batch(16, 1024));
+  cpu("Prefill/1x256", {{0, 256}});  // the same sizes on the CPU backend, for the ratio
+  cpu("Decode/16x1k_again", decode_batch(16, 1024));
+}
+
+}  // namespace
+}  // namespace pagedattn
+
+int main(int argc, char** argv) {
+  pagedattn::register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,684 @@
+// Flash-style paged attention for one work item, generic over an ISA's vector operations.
+// Included by each ISA translation unit (cpu_kernels_{scalar,avx2,avx512}.cpp), which supplies
+// `Vec` (f32 vector ops) and `Ops` (packing + the two matrix microkernels); everything here has
+// internal linkage (see cpu_kernels.h for why).
+//
+// What it computes, for the rows of one work item (all query heads h of KV head g for a token
+// range; row = (token - tok_begin) * G + h_in_group):
+//     s_j   = scale * k_scale * (q . k_j)            keys j of the item's key range(s)
+//     s_j   = cap * tanh(s_j / cap)                  (soft-cap, when set)
+//     s_j  -= slope_h * |q_pos - j|                  (ALiBi, canonical form)
+//     s_j   = -inf outside [lo, hi)                  (causal / sliding window / sequence end)
+//     out   = v_scale * sum_j e^{s_j - m} v_j / (sum_j e^{s_j - m} + e^{sink_h - m}),
+//     lse   = m + log(denominator)                   (natural log)
+// with an online softmax (running max m, running sum l, O rescaled by e^{m_old - m_new}).
+//
+// Tiling: keys in tiles of kKeyTile = 64 (four 16-key chunks; a chunk lies in one page when the
+// block size is a multiple of 16, else each key looks its page up). Per tile: K is packed once (transposed: [D][64] f32, or
+// [D/2][64] bf16 pairs for vdpbf16ps) and V once ([64][Dv] f32, or [32][Dv] bf16 key pairs),
+// then S = Q·Kᵀ (rows x 64) and O = alpha*O + P·V run as register-blocked microkernels over all
+// rows of the item: one KV tile serves every query head of the GQA group and every token of the
+// q tile. Q (rows x D), S, P and O (rows x Dv, f32) live in per-thread scratch (L2).
+//
+// Memory traffic: each K/V element of the item's key range is read once from the cache per item
+// (decode: once per (request, kv head) — the floor; prefill: once per q tile of kMaxItemRows/G
+// tokens). Q is read once, O written once. Compute: 2*rows*keys*(D + Dv) FLOPs per item. Pages
+// are scattered by the block table, so the rows of the next tile are software-prefetched while
+// the current one is packed (hardware prefetchers stop at every page). Floors and measurements:
+// docs/perf/cpu.md.
+//
+// Precision points: (1) K/V converted to the compute type at pack (f32: exact for every input
+// type; bf16: exact for bf16 and fp8 caches, f16/f32 values rounded to nearest even);
+// (2) Q converted likewise; (3) products accumulated in f32 (FMA, or vdpbf16ps's f32 sums);
+// (4) P rounded to bf16 in bf16_dot mode (l sums the rounded values, so the normalisation
+// matches what was multiplied); (5) the output rounded once at the store. k_scale folds into
+// the logit scale and v_scale into the final normalisation (exact fp8 dequantisation).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu_convert.h"
+#include "cpu_kernels.h"
+
+namespace pagedattn::cpu {
+namespace {
+
+constexpr float kNegInf = -__builtin_inff();
+constexpr float kLowestFinite = -3.40282347e+38f;
+
+template <int N>
+struct Int {
+  static constexpr int value = N;
+};
+
+// Calls f(Int<n>{}) for a runtime n in [1, N] (n outside: nothing).
+template <int N, class F>
+inline void with_static_int(int n, F&& f) {
+  if constexpr (N >= 1) {
+    if (n == N) {
+      f(Int<N>{});
+      return;
+    }
+    with_static_int<N - 1>(n, f);
+  }
+}
+
+inline int imin(int a, int b) { return a < b ? a : b; }
+inline int imax(int a, int b) { return a > b ? a : b; }
+inline float fmax_nan_free(float a, float b) { return a > b ? a : b; }
+
+inline size_t align64(size_t bytes) { return (bytes + 63) & ~static_cast<size_t>(63); }
+
+alignas(64) const unsigned char kZeroRow[kMaxHeadSize * 4] = {};
+
+// Per-thread scratch, carved in this order (every part 64-byte aligned).
+struct ScratchLayout {
+  size_t q, k, v, s, p, o, m, l, alpha, slope, lo, hi, pos, temp, total;
+};
+
+inline ScratchLayout scratch_layout(int head_size, int head_size_v, int max_rows) {
+  ScratchLayout layout{};
+  size_t offset = 0;
+  auto take = [&offset](size_t bytes) {
+    const size_t at = offset;
+    offset += align64(bytes);
+    return at;
+  };
+  const size_t rows = static_cast<size_t>(max_rows);
+  const size_t d = static_cast<size_t>(head_size);
+  const size_t dv = static_cast<size_t>(head_size_v);
+  layout.q = take(rows * d * 4);                  // (rows, D) f32 or bf16
+  layout.k = take(kKeyTile * d * 4);              // [D][64] f32 or [D/2][64] bf16 pairs
+  layout.v = take(kKeyTile * dv * 4);             // [64][Dv] f32 or [32][Dv] bf16 pairs
+  layout.s = take(rows * kKeyTile * 4);           // (rows, 64) f32 logits
+  layout.p = take(rows * kKeyTile * 4);           // (rows, 64) f32 or bf16 probabilities
+  layout.o = take(rows * dv * 4);                 // (rows, Dv) f32 accumulators
+  layout.m = take(rows * 4);
+  layout.l = take(rows * 4);
+  layout.alpha = take(rows * 4);
+  layout.slope = take(rows * 4);
+  layout.lo = take(rows * 4);
+  layout.hi = take(rows * 4);
+  layout.pos = take(rows * 4);
+  layout.temp = take(16 * (d > dv ? d : dv) * 4);  // one 16-row chunk converted
+  layout.total = offset;
+  return layout;
+}
+
+// ---- shared context of one work item ---------------------------------------------------------
+struct ItemContext {
+  const AttentionArgs* args;
+  const WorkItem* item;
+  int group, head_size, head_size_v, rows, kv_head;
+  float logit_scale;  // scale * k_scale (fp8 caches)
+  float value_scale;  // v_scale (fp8 caches) or 1
+  size_t kv_elem_bytes;
+  // scratch
+  void* q;
+  void* k;
+  void* v;
+  float* s;
+  void* p;
+  float* o;
+  float* m;
+  float* l;
+  float* alpha;
+  float* slope;
+  int32_t* lo;
+  int32_t* hi;
+  int32_t* pos;
+  float* temp;
+};
+
+inline size_t elem_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f16:
+    case DType::bf16: return 2;
+    default: return 1;
+  }
+}
+
+// Address of key `key` (position within request `req`) of KV head `g` in the K (value=false)
+// or V source.
+inline const char* kv_row(const ItemContext& c, bool value, int req, int key) {
+  const KvSource& kv = c.args->kv;
+  const char* base = static_cast<const char*>(value ? kv.value : kv.key);
+  const int64_t token_stride = value ? kv.v_token_stride : kv.k_token_stride;
+  const int64_t head_stride = value ? kv.v_head_stride : kv.k_head_stride;
+  int64_t offset;
+  if (kv.paged) {
+    const int64_t block = kv.block_table[req * kv.block_table_stride + key / kv.block_size];
+    const int64_t block_stride = value ? kv.v_block_stride : kv.k_block_stride;
+    offset = block * block_stride + (key % kv.block_size) * token_stride;
+  } else {
+    offset = (static_cast<int64_t>(c.args->query_start_loc[req]) + key) * token_stride;
+  }
+  offset += static_cast<int64_t>(c.kv_head) * head_stride;
+  return base + offset * static_cast<int64_t>(c.kv_elem_bytes);
+}
+
+// Rows of chunk `chunk` (keys t0 + 16*chunk ...) of a tile with n live keys; dead rows -> zeros.
+// With a block size that is a multiple of 16 the chunk lies in one page (one block lookup);
+// otherwise every row looks its block up.
+inline void chunk_rows(const ItemContext& c, bool value, int req, int t0, int n, int chunk,
+                       const char* rows[16]) {
+  const int j0 = chunk * 16;
+  const int live = imin(16, n - j0);
+  const char* zero = reinterpret_cast<const char*>(kZeroRow);
+  if (live <= 0) {
+    for (int i = 0; i < 16; ++i) rows[i] = zero;
+    return;
+  }
+  const KvSource& kv = c.args->kv;
+  if (kv.paged && kv.block_size % 16 != 0) {
+    for (int i = 0; i < 16; ++i) rows[i] = i < live ? kv_row(c, value, req, t0 + j0 + i) : zero;
+    return;
+  }
+  const char* first = kv_row(c, value, req, t0 + j0);
+  const int64_t stride =
+      (value ? kv.v_token_stride : kv.k_token_stride) * static_cast<int64_t>(c.kv_elem_bytes);
+  for (int i = 0; i < 16; ++i) rows[i] = i < live ? first + i * stride : zero;
+}
+
+// ---- output ------------------------------------------------------------------------------------
+inline void store_output_row(const AttentionArgs& a, const float* values, float factor, int token,
+                             int head) {
+  const int dv = a.head_size_v;
+  const int64_t offset = static_cast<int64_t>(token) * a.o_stride_t +
+                         static_cast<int64_t>(head) * a.o_stride_h;
+  switch (a.o_dtype) {
+    case DType::f32: {
+      float* out = static_cast<float*>(a.output) + offset;
+      for (int d = 0; d < dv; ++d) out[d] = values[d] * factor;
+      break;
+    }
+    case DType::f16: {
+      uint16_t* out = static_cast<uint16_t*>(a.output) + offset;
+      for (int d = 0; d < dv; ++d) out[d] = f32_to_f16(values[d] * factor);
+      break;
+    }
+    case DType::bf16: {
+      uint16_t* out = static_cast<uint16_t*>(a.output) + offset;
+      for (int d = 0; d < dv; ++d) out[d] = f32_to_bf16(values[d] * factor);
+      break;
+    }
+    default: {  // fp8_e4m3: saturate(o / output_scale)
+      uint8_t* out = static_cast<uint8_t*>(a.output) + offset;
+      for (int d = 0; d < dv; ++d) out[d] = f32_to_fp8_e4m3((values[d] * factor) / a.output_scale);
+      break;
+    }
+  }
+}
+
+// Normalises one row (unnormalised O relative to max m, sum l), adds the sink, writes the output
+// row and its LSE. A row without any visible key (m = -inf) and without a sink outputs 0 and LSE
+// -inf; with a sink it outputs 0 and LSE = sink (the softmax is all on the sink).
+inline void finalize_row(const AttentionArgs& a, const float* o, float m, float l, int token,
+                         int head, float value_scale) {
+  float max_all = m;
+  const bool has_sink = a.sinks != nullptr;
+  const float sink = has_sink ? a.sinks[head] : kNegInf;
+  if (sink > max_all) max_all = sink;
+  float factor = 0.f;
+  float lse = kNegInf;
+  if (max_all != kNegInf) {
+    const float keys_weight = m == kNegInf ? 0.f : std::exp(m - max_all);
+    const float total = l * keys_weight + (has_sink ? std::exp(sink - max_all) : 0.f);
+    factor = keys_weight / total;
+    lse = max_all + std::log(total);
+  }
+  store_output_row(a, o, factor * value_scale, token, head);
+  if (a.lse != nullptr) {
+    a.lse[static_cast<int64_t>(head) * a.lse_stride_h + static_cast<int64_t>(token) * a.lse_stride_t] =
+        lse;
+  }
+}
+
+inline float kv_value_scale(const AttentionArgs& a, int kv_head) {
+  if (a.kv.dtype != DType::fp8_e4m3 && a.kv.dtype != DType::fp8_e5m2) return 1.f;
+  return a.v_scale_per_head != nullptr ? a.v_scale_per_head[kv_head * a.v_scale_per_head_stride]
+                                        : a.v_scale;
+}
+
+inline float kv_key_scale(const AttentionArgs& a, int kv_head) {
+  if (a.kv.dtype != DType::fp8_e4m3 && a.kv.dtype != DType::fp8_e5m2) return 1.f;
+  return a.k_scale_per_head != nullptr ? a.k_scale_per_head[kv_head * a.k_scale_per_head_stride]
+                                        : a.k_scale;
+}
+
+// ---- softmax of one tile -----------------------------------------------------------------------
+// tanh for the soft-cap: odd Taylor series below 0.3 (|error| < 1e-10), 1 - 2/(e^{2|y|}+1) above
+// (absolute error ~ 1 ulp of 1, relative < 4e-7 there).
+template <class Vec>
+inline typename Vec::V vec_tanh(typename Vec::V y) {
+  using V = typename Vec::V;
+  const V ay = Vec::abs(y);
+  const V y2 = Vec::mul(ay, ay);
+  V poly = Vec::set1(21844.f / 6081075.f);
+  poly = Vec::fma(poly, y2, Vec::set1(-1382.f / 155925.f));
+  poly = Vec::fma(poly, y2, Vec::set1(62.f / 2835.f));
+  poly = Vec::fma(poly, y2, Vec::set1(-17.f / 315.f));
+  poly = Vec::fma(poly, y2, Vec::set1(2.f / 15.f));
+  poly = Vec::fma(poly, y2, Vec::set1(-1.f / 3.f));
+  const V small = Vec::fma(Vec::mul(poly, y2), ay, ay);
+  const V e = Vec::exp(Vec::min(Vec::add(ay, ay), Vec::set1(80.f)));
+  const V big = Vec::sub(Vec::set1(1.f), Vec::div(Vec::set1(2.f), Vec::add(e, Vec::set1(1.f))));
+  const V t = Vec::select(Vec::lt(ay, Vec::set1(0.3f)), small, big);
+  return Vec::select(Vec::lt(y, Vec::zero()), Vec::sub(Vec::zero(), t), t);
+}
+
+// Transforms the logits of rows [ra, rb) for keys [t0, t0 + n) (restricted to [kb, ke)), updates
+// the running max/sum, writes P (via Ops::store_p) and alpha = e^{m_old - m_new} per row.
+template <class Ops>
+inline void softmax_tile(const ItemContext& c, int ra, int rb, int t0, int n, int kb, int ke) {
+  using Vec = typename Ops::Vec;
+  using V = typename Vec::V;
+  constexpr int W = Vec::W;
+  const AttentionArgs& a = *c.args;
+  const V iota = Vec::iota();
+  const V vscale = Vec::set1(c.logit_scale);
+  const bool capped = a.soft_cap > 0.f;
+  const V vcap = Vec::set1(a.soft_cap);
+  const V vinv_cap = Vec::set1(capped ? 1.f / a.soft_cap : 0.f);
+  const bool alibi = a.alibi_slopes != nullptr;
+  for (int i = ra; i < rb; ++i) {
+    const int lo = imax(imax(c.lo[i], kb), t0);
+    const int hi = imin(imin(c.hi[i], ke), t0 + n);
+    if (hi <= lo) {
+      c.alpha[i] = 1.f;
+      Ops::zero_p_row(c.p, i);
+      continue;
+    }
+    float* srow = c.s + static_cast<size_t>(i) * kKeyTile;
+    const V vlo = Vec::set1(static_cast<float>(lo));
+    const V vhi = Vec::set1(static_cast<float>(hi));
+    const V vpos = Vec::set1(static_cast<float>(c.pos[i]));
+    const V vslope = Vec::set1(c.slope[i]);
+    V vmax = Vec::set1(kNegInf);
+    for (int j = 0; j < kKeyTile; j += W) {
+      const V kpos = Vec::add(Vec::set1(static_cast<float>(t0 + j)), iota);
+      V x = Vec::mul(Vec::load(srow + j), vscale);
+      if (capped) x = Vec::mul(vcap, vec_tanh<Vec>(Vec::mul(x, vinv_cap)));
+      if (alibi) x = Vec::sub(x, Vec::mul(vslope, Vec::abs(Vec::sub(vpos, kpos))));
+      x = Vec::select(Vec::and_mask(Vec::ge(kpos, vlo), Vec::lt(kpos, vhi)), x,
+                      Vec::set1(kNegInf));
+      Vec::store(srow + j, x);
+      vmax = Vec::max(vmax, x);
+    }
+    const float m_old = c.m[i];
+    const float m_new = fmax_nan_free(m_old, Vec::hmax(vmax));
+    if (m_new == kNegInf) {  // every visible logit is -inf: nothing to add yet
+      c.alpha[i] = 1.f;
+      Ops::zero_p_row(c.p, i);
+      continue;
+    }
+    const float alpha = m_old == kNegInf ? 0.f : std::exp(m_old - m_new);
+    const V vm = Vec::set1(m_new);
+    const V lowest = Vec::set1(kLowestFinite);
+    V vsum = Vec::zero();
+    for (int j = 0; j < kKeyTile; j += W) {
+      const V x = Vec::load(srow + j);
+      V e = Vec::exp(Vec::sub(x, vm));
+      e = Vec::select(Vec::ge(x, lowest), e, Vec::zero());
+      vsum = Vec::add(vsum, Ops::store_p(c.p, i, j, e));
+    }
+    c.l[i] = c.l[i] * alpha + Vec::hsum(vsum);
+    c.m[i] = m_new;
+    c.alpha[i] = alpha;
+  }
+}
+
+// ---- the item driver ---------------------------------------------------------------------------
+// Software prefetch of the rows of one chunk: pages are scattered (block table), so the hardware
+// prefetchers cannot run ahead across them and a lone thread would be bound by DRAM latency.
+inline void prefetch_rows(const char* const rows[16], size_t row_bytes) {
+  for (int i = 0; i < 16; ++i) {
+    if (rows[i] == reinterpret_cast<const char*>(kZeroRow)) continue;
+    for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(rows[i] + b, 0, 3);
+  }
+}
+
+// Packs the K (value=false) or V tile of keys [t0, t0 + n) and prefetches the same chunk of the
+// next tile [t0 + 64, t0 + 64 + next_n) while doing so.
+template <class Ops>
+inline void pack_kv_tile(const ItemContext& c, bool value, int req, int t0, int n, int next_n) {
+  const char* rows[16];
+  const char* next_rows[16];
+  const size_t row_bytes =
+      static_cast<size_t>(value ? c.head_size_v : c.head_size) * c.kv_elem_bytes;
+  for (int chunk = 0; chunk < kKeyTile / 16; ++chunk) {
+    if (next_n > chunk * 16) {
+      chunk_rows(c, value, req, t0 + kKeyTile, next_n, chunk, next_rows);
+      prefetch_rows(next_rows, row_bytes);
+    }
+    chunk_rows(c, value, req, t0, n, chunk, rows);
+    if (value) {
+      Ops::pack_v_chunk(c.v, chunk * 16, rows, c.args->kv.dtype, c.head_size_v, c.temp);
+    } else {
+      Ops::pack_k_chunk(c.k, chunk * 16, rows, c.args->kv.dtype, c.head_size, c.temp);
+    }
+  }
+}
+
+// Attends rows [ra, rb) to keys [kb, ke) of request `req` (its block table / token range).
+template <class Ops>
+inline void attend_range(const ItemContext& c, int req, int kb, int ke, int ra, int rb) {
+  if (ra >= rb) return;
+  int vis_lo = c.lo[ra], vis_hi = c.hi[ra];
+  for (int i = ra + 1; i < rb; ++i) {
+    vis_lo = imin(vis_lo, c.lo[i]);
+    vis_hi = imax(vis_hi, c.hi[i]);
+  }
+  const int begin = imax(kb, vis_lo);
+  const int end = imin(ke, vis_hi);
+  if (begin >= end) return;
+  for (int t0 = begin & ~15; t0 < end; t0 += kKeyTile) {
+    const int n = imin(kKeyTile, end - t0);
+    // Rows that see a key of this tile form a contiguous run (positions grow with the row).
+    int r0 = ra, r1 = rb;
+    const int tile_lo = imax(t0, begin);
+    while (r0 < r1 && (c.hi[r0] <= tile_lo || c.lo[r0] >= t0 + n)) ++r0;
+    while (r1 > r0 && (c.hi[r1 - 1] <= tile_lo || c.lo[r1 - 1] >= t0 + n)) --r1;
+    if (r0 >= r1) continue;
+    const int next_n = imin(kKeyTile, end - (t0 + kKeyTile));
+    pack_kv_tile<Ops>(c, false, req, t0, n, next_n);
+    Ops::qk(c.s, c.q, c.k, r0, r1, c.head_size);
+    softmax_tile<Ops>(c, r0, r1, t0, n, begin, end);
+    pack_kv_tile<Ops>(c, true, req, t0, n, next_n);
+    Ops::pv(c.o, c.p, c.v, c.alpha, r0, r1, c.head_size_v);
+  }
+}
+
+template <class Ops>
+void run_item_impl(const AttentionArgs& a, const WorkItem& it, char* scratch) {
+  const ScratchLayout layout = scratch_layout(a.head_size, a.head_size_v, a.max_rows);
+  ItemContext c;
+  c.args = &a;
+  c.item = &it;
+  c.group = a.group_size;
+  c.head_size = a.head_size;
+  c.head_size_v = a.head_size_v;
+  c.kv_head = it.kv_head;
+  c.rows = (it.tok_end - it.tok_begin) * c.group;
+  c.logit_scale = a.scale * kv_key_scale(a, it.kv_head);
+  c.value_scale = kv_value_scale(a, it.kv_head);
+  c.kv_elem_bytes = elem_bytes(a.kv.dtype);
+  c.q = scratch + layout.q;
+  c.k = scratch + layout.k;
+  c.v = scratch + layout.v;
+  c.s = reinterpret_cast<float*>(scratch + layout.s);
+  c.p = scratch + layout.p;
+  c.o = reinterpret_cast<float*>(scratch + layout.o);
+  c.m = reinterpret_cast<float*>(scratch + layout.m);
+  c.l = reinterpret_cast<float*>(scratch + layout.l);
+  c.alpha = reinterpret_cast<float*>(scratch + layout.alpha);
+  c.slope = reinterpret_cast<float*>(scratch + layout.slope);
+  c.lo = reinterpret_cast<int32_t*>(scratch + layout.lo);
+  c.hi = reinterpret_cast<int32_t*>(scratch + layout.hi);
+  c.pos = reinterpret_cast<int32_t*>(scratch + layout.pos);
+  c.temp = reinterpret_cast<float*>(scratch + layout.temp);
+
+  // Row setup: positions, visible key ranges, slopes, packed Q; O = 0, m = -inf, l = 0.
+  const int G = c.group;
+  const size_t q_elem = elem_bytes(a.q_dtype);
+  for (int r = it.req_begin; r < it.req_end; ++r) {
+    const int q_first = a.query_start_loc[r];
+    const int t_lo = imax(q_first, it.tok_begin);
+    const int t_hi = imin(a.query_start_loc[r + 1], it.tok_end);
+    const int kv_len = a.seq_lens[r];
+    for (int t = t_lo; t < t_hi; ++t) {
+      const int pos = a.first_query_pos[r] + (t - q_first);
+      int lo = 0;
+      int hi = a.causal ? imin(kv_len, pos + 1) : kv_len;
+      if (a.window > 0) {
+        lo = imax(0, pos - (a.window - 1));
+        if (a.window_symmetric) hi = imin(hi, pos + a.window);
+      }
+      for (int h = 0; h < G; ++h) {
+        const int row = (t - it.tok_begin) * G + h;
+        const int head = it.kv_head * G + h;
+        c.pos[row] = pos;
+        c.lo[row] = lo;
+        c.hi[row] = hi;
+        c.slope[row] = a.alibi_slopes != nullptr ? a.alibi_slopes[head] : 0.f;
+        c.m[row] = kNegInf;
+        c.l[row] = 0.f;
+        const char* q_src = static_cast<const char*>(a.query) +
+                            (static_cast<int64_t>(t) * a.q_stride_t +
+                             static_cast<int64_t>(head) * a.q_stride_h) * static_cast<int64_t>(q_elem);
+        Ops::pack_q_row(c.q, row, q_src, a.q_dtype, a.head_size);
+      }
+    }
+  }
+  std::memset(c.o, 0, static_cast<size_t>(c.rows) * a.head_size_v * sizeof(float));
+
+  // Cascade prefix: keys [0, prefix_len) shared by every request of the item.
+  if (it.prefix_len > 0) attend_range<Ops>(c, it.req_begin, 0, it.prefix_len, 0, c.rows);
+  // Each request's own keys.
+  for (int r = it.req_begin; r < it.req_end; ++r) {
+    const int t_lo = imax(a.query_start_loc[r], it.tok_begin);
+    const int t_hi = imin(a.query_start_loc[r + 1], it.tok_end);
+    if (t_lo >= t_hi) continue;
+    const bool single = it.req_end - it.req_begin == 1;
+    const int kb = imax(single ? it.kv_begin : 0, it.prefix_len);
+    const int ke = single ? it.kv_end : a.seq_lens[r];
+    attend_range<Ops>(c, r, kb, ke, (t_lo - it.tok_begin) * G, (t_hi - it.tok_begin) * G);
+  }
+
+  // Finalize: output rows, or partial rows of a split-KV group.
+  const int dv = a.head_size_v;
+  for (int row = 0; row < c.rows; ++row) {
+    const float* o_row = c.o + static_cast<size_t>(row) * dv;
+    if (it.partial_base >= 0) {
+      const int64_t slot = static_cast<int64_t>(it.partial_base) +
+                           static_cast<int64_t>(it.split_index) * c.rows + row;
+      std::memcpy(a.partial_o + slot * a.partial_o_stride, o_row, dv * sizeof(float));
+      a.partial_ml[2 * slot] = c.m[row];
+      a.partial_ml[2 * slot + 1] = c.l[row];
+    } else {
+      finalize_row(a, o_row, c.m[row], c.l[row], it.tok_begin + row / G,
+                   it.kv_head * G + row % G, c.value_scale);
+    }
+  }
+}
+
+// Combines the partial rows of a split-KV group: M = max m_s, O = sum e^{m_s - M} O_s,
+// L = sum e^{m_s - M} l_s, then finalize_row.
+template <class Vec>
+void merge_impl(const AttentionArgs& a, const MergeTask& task) {
+  using V = typename Vec::V;
+  constexpr int W = Vec::W;
+  const int G = a.group_size;
+  const int dv = a.head_size_v;
+  const int rows = (task.tok_end - task.tok_begin) * G;
+  alignas(64) float merged[kMaxHeadSize];
+  const float value_scale = kv_value_scale(a, task.kv_head);
+  for (int row = 0; row < rows; ++row) {
+    float m_all = kNegInf;
+    for (int s = 0; s < task.num_splits; ++s) {
+      const int64_t slot = static_cast<int64_t>(task.partial_base) + static_cast<int64_t>(s) * rows + row;
+      m_all = fmax_nan_free(m_all, a.partial_ml[2 * slot]);
+    }
+    float l_all = 0.f;
+    for (int d = 0; d < dv; d += W) Vec::store(merged + d, Vec::zero());
+    if (m_all != kNegInf) {
+      for (int s = 0; s < task.num_splits; ++s) {
+        const int64_t slot = static_cast<int64_t>(task.partial_base) + static_cast<int64_t>(s) * rows + row;
+        const float m_s = a.partial_ml[2 * slot];
+        if (m_s == kNegInf) continue;
+        const float w = std::exp(m_s - m_all);
+        l_all += w * a.partial_ml[2 * slot + 1];
+        const float* o_s = a.partial_o + slot * a.partial_o_stride;
+        const V vw = Vec::set1(w);
+        for (int d = 0; d < dv; d += W) {
+          Vec::store(merged + d, Vec::fma(vw, Vec::load(o_s + d), Vec::load(merged + d)));
+        }
+      }
+    }
+    finalize_row(a, merged, m_all, l_all, task.tok_begin + row / G, task.kv_head * G + row % G,
+                 value_scale);
+  }
+}
+
+// ---- f32 compute (every ISA) ---------------------------------------------------------------------
+// Q tile (rows, D) f32; K pack [D][64] f32 (transposed); V pack [64][Dv] f32; P (rows, 64) f32.
+// Vec supplies: W, kMR/kNC register blocking, load_f32<DT>(src, index) (W elements of dtype DT as
+// f32), transpose16(dst, dst_stride, rows, ncols) for 32-bit elements.
+template <class VecT>
+struct F32Ops {
+  using Vec = VecT;
+  using V = typename Vec::V;
+  static constexpr int W = Vec::W;
+  static constexpr int kMR = Vec::kMR;
+  static constexpr int kNC = Vec::kNC;
+
+  template <DType DT>
+  static void convert_row(float* dst, const char* src, int n) {
+    for (int d = 0; d < n; d += W) Vec::store(dst + d, Vec::template load_f32<DT>(src, d));
+  }
+
+  static void convert_row_any(float* dst, const char* src, DType dtype, int n) {
+    switch (dtype) {
+      case DType::f32: convert_row<DType::f32>(dst, src, n); break;
+      case DType::f16: convert_row<DType::f16>(dst, src, n); break;
+      case DType::bf16: convert_row<DType::bf16>(dst, src, n); break;
+      case DType::fp8_e4m3: convert_row<DType::fp8_e4m3>(dst, src, n); break;
+      default: convert_row<DType::fp8_e5m2>(dst, src, n); break;
+    }
+  }
+
+  static void pack_q_row(void* q, int row, const char* src, DType dtype, int head_size) {
+    convert_row_any(static_cast<float*>(q) + static_cast<size_t>(row) * head_size, src, dtype,
+                    head_size);
+  }
+
+  static void pack_k_chunk(void* k, int j0, const char* const rows[16], DType dtype, int head_size,
+                           float* temp) {
+    const char* src[16];
+    if (dtype == DType::f32) {
+      for (int i = 0; i < 16; ++i) src[i] = rows[i];
+    } else {
+      for (int i = 0; i < 16; ++i) {
+        float* dst = temp + static_cast<size_t>(i) * head_size;
+        if (rows[i] == reinterpret_cast<const char*>(kZeroRow)) {
+          src[i] = rows[i];
+        } else {
+          convert_row_any(dst, rows[i], dtype, head_size);
+          src[i] = reinterpret_cast<const char*>(dst);
+        }
+      }
+    }
+    Vec::transpose16(static_cast<uint32_t*>(k) + j0, kKeyTile, src, head_size);
+  }
+
+  static void pack_v_chunk(void* v, int j0, const char* const rows[16], DType dtype,
+                           int head_size_v, float* /*temp*/) {
+    float* dst = static_cast<float*>(v) + static_cast<size_t>(j0) * head_size_v;
+    for (int i = 0; i < 16; ++i) {
+      float* row = dst + static_cast<size_t>(i) * head_size_v;
+      if (rows[i] == reinterpret_cast<const char*>(kZeroRow)) {
+        std::memset(row, 0, head_size_v * sizeof(float));
+      } else {
+        convert_row_any(row, rows[i], dtype, head_size_v);
+      }
+    }
+  }
+
+  static V store_p(void* p, int row, int j, V e) {
+    Vec::store(static_cast<float*>(p) + static_cast<size_t>(row) * kKeyTile + j, e);
+    return e;
+  }
+
+  static void zero_p_row(void* p, int row) {
+    std::memset(static_cast<float*>(p) + static_cast<size_t>(row) * kKeyTile, 0,
+                kKeyTile * sizeof(float));
+  }
+
+  // S[i][c0*W .. (c0+NC)*W) for MR rows.
+  template <int MR, int NC>
+  static void qk_block(float* s, const float* q, int head_size, const float* kt, int c0) {
+    V acc[MR][NC];
+    for (int i = 0; i < MR; ++i)
+      for (int c = 0; c < NC; ++c) acc[i][c] = Vec::zero();
+    for (int d = 0; d < head_size; ++d) {
+      V kv[NC];
+      for (int c = 0; c < NC; ++c) kv[c] = Vec::load(kt + static_cast<size_t>(d) * kKeyTile + (c0 + c) * W);
+      for (int i = 0; i < MR; ++i) {
+        const V qb = Vec::set1(q[static_cast<size_t>(i) * head_size + d]);
+        for (int c = 0; c < NC; ++c) acc[i][c] = Vec::fma(qb, kv[c], acc[i][c]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int c = 0; c < NC; ++c) Vec::store(s + static_cast<size_t>(i) * kKeyTile + (c0 + c) * W, acc[i][c]);
+  }
+
+  static void qk(float* s, const void* q_tile, const void* k, int r0, int r1, int head_size) {
+    const float* q = static_cast<const float*>(q_tile);
+    const float* kt = static_cast<const float*>(k);
+    for (int c0 = 0; c0 < kKeyTile / W; c0 += kNC) {
+      int i = r0;
+      for (; i + kMR <= r1; i += kMR) {
+        qk_block<kMR, kNC>(s + static_cast<size_t>(i) * kKeyTile, q + static_cast<size_t>(i) * head_size,
+                           head_size, kt, c0);
+      }
+      with_static_int<kMR - 1>(r1 - i, [&](auto mr) {
+        qk_block<decltype(mr)::value, kNC>(s + static_cast<size_t>(i) * kKeyTile,
+                                           q + static_cast<size_t>(i) * head_size, head_size, kt, c0);
+      });
+    }
+  }
+
+  // O[i][d0 .. d0 + NC*W) = alpha_i * O + P[i] . V for MR rows.
+  template <int MR, int NC>
+  static void pv_block(float* o, int head_size_v, const float* p, const float* v, const float* alpha,
+                       int d0) {
+    V acc[MR][NC];
+    for (int i = 0; i < MR; ++i) {
+      const V va = Vec::set1(alpha[i]);
+      for (int c = 0; c < NC; ++c)
+        acc[i][c] = Vec::mul(va, Vec::load(o + static_cast<size_t>(i) * head_size_v + d0 + c * W));
+    }
+    for (int j = 0; j < kKeyTile; ++j) {
+      V vv[NC];
+      for (int c = 0; c < NC; ++c) vv[c] = Vec::load(v + static_cast<size_t>(j) * head_size_v + d0 + c * W);
+      for (int i = 0; i < MR; ++i) {
+        const V pb = Vec::set1(p[static_cast<size_t>(i) * kKeyTile + j]);
+        for (int c = 0; c < NC; ++c) acc[i][c] = Vec::fma(pb, vv[c], acc[i][c]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      for (int c = 0; c < NC; ++c) Vec::store(o + static_cast<size_t>(i) * head_size_v + d0 + c * W, acc[i][c]);
+  }
+
+  template <int NC>
+  static void pv_columns(float* o, const float* p, const float* v, const float* alpha, int r0,
+                         int r1, int head_size_v, int d0) {
+    int i = r0;
+    for (; i + kMR <= r1; i += kMR) {
+      pv_block<kMR, NC>(o + static_cast<size_t>(i) * head_size_v, head_size_v,
+                        p + static_cast<size_t>(i) * kKeyTile, v, alpha + i, d0);
+    }
+    with_static_int<kMR - 1>(r1 - i, [&](auto mr) {
+      pv_block<decltype(mr)::value, NC>(o + static_cast<size_t>(i) * head_size_v, head_size_v,
+                                        p + static_cast<size_t>(i) * kKeyTile, v, alpha + i, d0);
+    });
+  }
+
+  static void pv(float* o, const void* p_tile, const void* v_tile, const float* alpha, int r0,
+                 int r1, int head_size_v) {
+    const float* p = static_cast<const float*>(p_tile);
+    const float* v = static_cast<const float*>(v_tile);
+    const int vectors = head_size_v / W;
+    int c = 0;
+    for (; c + kNC <= vectors; c += kNC) pv_columns<kNC>(o, p, v, alpha, r0, r1, head_size_v, c * W);
+    with_static_int<kNC - 1>(vectors - c, [&](auto nc) {
+      pv_columns<decltype(nc)::value>(o, p, v, alpha, r0, r1, head_size_v, c * W);
+    });
+  }
+};
+
+}  // namespace
+}  // namespace pagedattn::cpu

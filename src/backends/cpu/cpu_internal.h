@@ -1,0 +1,112 @@
+// Host-side classes of the CPU backend: its plan (metadata), workspace, builder and impl.
+// cpu_plan.cpp builds plans; cpu_backend.cpp holds the backend object and the impl.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cpu_kernels.h"
+#include "pagedattn/backend.h"
+#include "pagedattn/tensor.h"
+
+namespace pagedattn::cpu {
+
+// Only requests with at most this many query tokens are split along the keys (decode, spec
+// decode); longer ones have enough rows to fill the threads with q tiles.
+inline constexpr int kMaxSplitQueryLen = 8;
+// A split covers at least this many keys (the merge costs one partial row write + read).
+inline constexpr int kMinSplitKeys = 256;
+inline constexpr int kMaxSplits = 64;
+// Target number of work items per thread (dynamic scheduling evens out the rest).
+inline constexpr int kItemsPerThread = 4;
+
+// Threads the backend uses: env PAGEDATTN_NUM_THREADS (a positive integer; anything else is an
+// Error naming it) when set, else omp_get_max_threads(). `configured` > 0 (BuilderConfig.num_sms)
+// takes precedence over both.
+int resolve_num_threads(int configured);
+
+// Per-builder memory, allocated once at construction and shared by the plans it builds.
+struct CpuWorkspace {
+  int num_threads = 1;
+  int max_rows = kMaxItemRows;
+  int head_size = 0, head_size_v = 0;
+  size_t scratch_stride = 0;          // bytes per thread, multiple of 64
+  Tensor scratch;                     // (num_threads * scratch_stride,) u8
+  int64_t partial_capacity_rows = 0;  // split-KV partial rows available
+  int64_t partial_o_stride = 0;       // floats per partial row (Dv rounded up to 16)
+  Tensor partial_o;                   // (partial_capacity_rows, partial_o_stride) f32
+  Tensor partial_ml;                  // (partial_capacity_rows, 2) f32
+  size_t bytes() const;
+};
+
+// The plan: every host array the run needs is copied here by build().
+struct CpuAttentionMetadata final : AttentionMetadata {
+  AttentionType attn_type = AttentionType::decoder;
+  bool causal = true;
+  int block_size = 0;
+  int block_table_cols = 0;
+  int num_heads = 0, num_kv_heads = 0, head_size = 0, head_size_v = 0;
+  std::vector<int32_t> query_start_loc;  // (num_reqs + 1,)
+  std::vector<int32_t> seq_lens;         // (num_reqs,)
+  std::vector<int32_t> first_query_pos;  // (num_reqs,) position of each request's first query
+  std::vector<int32_t> block_table;      // (num_reqs, block_table_cols); empty without a cache
+  Tensor slot_mapping_storage;           // AttentionMetadata::slot_mapping views it
+  std::vector<WorkItem> items;           // largest first
+  std::vector<MergeTask> merges;
+  int64_t partial_rows_used = 0;
+  std::shared_ptr<CpuWorkspace> workspace;
+
+  int query_len(int req) const { return query_start_loc[req + 1] - query_start_loc[req]; }
+};
+
+class CpuMetadataBuilder final : public AttentionMetadataBuilder {
+ public:
+  CpuMetadataBuilder(KVCacheSpec spec, BuilderConfig config);
+  std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
+                                                 const CommonAttentionMetadata& common,
+                                                 bool fast_build = false) override;
+  bool supports_cascade() const override { return true; }
+  size_t workspace_bytes() const override { return workspace_->bytes(); }
+  int num_threads() const { return workspace_->num_threads; }
+
+ private:
+  BuilderConfig config_;
+  std::shared_ptr<CpuWorkspace> workspace_;
+};
+
+class CpuAttentionImpl final : public AttentionImpl {
+ public:
+  explicit CpuAttentionImpl(AttentionImplParams params);
+
+  void do_kv_cache_update(const LayerScales& scales, const TensorView& key, const TensorView& value,
+                          const TensorView& kv_cache, const AttentionMetadata& metadata) override;
+  void forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
+               const TensorView& value, const TensorView& kv_cache,
+               const AttentionMetadata& metadata, const TensorView& output,
+               const TensorView& output_scale = {}, const TensorView& output_lse = {}) override;
+
+  bool can_return_lse_for_decode() const override { return true; }
+  bool supports_quant_query_input() const override { return false; }
+  bool fused_output_quant_supported(const QuantKey& key) const override;
+
+ private:
+  const CpuAttentionMetadata& checked_metadata(const AttentionMetadata& metadata,
+                                               std::string_view entry) const;
+  void check_kv_cache(const TensorView& kv_cache, const CpuAttentionMetadata& md,
+                      std::string_view entry) const;
+  void check_scales(const LayerScales& scales, std::string_view entry) const;
+  DType cache_dtype_;
+};
+
+// Throws Error naming the offending parameter when the CPU backend cannot run `params`.
+void check_impl_params(const AttentionImplParams& params);
+
+// Runs a plan's items then its merges on the plan's threads (OpenMP).
+void execute_plan(const CpuAttentionMetadata& md, const AttentionArgs& args,
+                  const KernelTable& kernels);
+
+}  // namespace pagedattn::cpu
