@@ -11,6 +11,9 @@
 #include "pagedattn/selector.h"
 
 // One include per backend (CUDA ones under #if PAGEDATTN_HAS_CUDA).
+#if PAGEDATTN_HAS_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
 #include "backends/cpu/cpu_backend.h"
 #include "backends/reference/reference_backend.h"
 
@@ -22,7 +25,7 @@ using BackendAccessor = const AttentionBackend& (*)();
 // Highest priority first. One line per backend.
 constexpr BackendAccessor kBackendTable[] = {
 #if PAGEDATTN_HAS_CUDA
-    // CUDA backends (highest priority) go here, e.g. `&cuda_backend,`.
+    &cuda_backend,       // Hopper paged attention, mixed prefill + decode in one launch
 #endif
     &cpu_backend,        // flash-style SIMD (AVX-512 / AVX2 / scalar) + OpenMP
     &reference_backend,  // fp64 oracle, every feature: always last

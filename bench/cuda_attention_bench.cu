@@ -1,0 +1,422 @@
+// Benchmark of the CUDA backend on the paged-attention grids of issue 5 (decode, prefill,
+// mixed), with the two ceilings measured in the same run: device copy bandwidth (bytes read +
+// written) and the cuBLAS bf16 GEMM rate. Writes one JSON document (stdout or --out).
+//
+// Method (docs/perf/cuda.md): each configuration's forward (attention kernel + split combine)
+// is captured in a CUDA graph and replayed; time = median over 5 repeats of (events around
+// `iters` replays) / iters. Small working sets rotate over several plans whose KV blocks are
+// disjoint (>= 256 MB touched per rotation) so the 50 MB L2 does not serve the KV. Block tables
+// are random permutations of the cache's blocks. Inputs are random, never zeros.
+//   KV bytes   = sum_r seq_len_r * Hkv * (D + Dv) * sizeof(kv)   (each byte once per group)
+//   FLOPs      = 4 * D * Hq * sum over query rows of visible keys (causal counted exactly)
+//   floor      = max(bytes / copy bandwidth, FLOPs / GEMM rate)
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../src/backends/cuda/cuda_backend.h"
+#include "pagedattn/pagedattn.h"
+
+namespace {
+
+using namespace pagedattn;
+
+#define BENCH_CUDA(expr)                                                                       \
+  do {                                                                                         \
+    const cudaError_t _s = (expr);                                                             \
+    if (_s != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_s)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+// Fills `bytes` with random values of `dtype` (bf16 in [-1, 1); fp8: finite random bytes).
+__global__ void fill_random(uint8_t* data, size_t count, int dtype_code, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    if (dtype_code == 0) {  // bf16
+      const float v = static_cast<float>(x & 0xffffff) / 8388608.f - 1.f;
+      reinterpret_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16(v);
+    } else {  // fp8 e4m3: exponent <= 8 (|v| < 2), never NaN
+      data[i] = static_cast<uint8_t>((x & 0x80) | ((x >> 8) % 0x48));
+    }
+  }
+}
+
+void fill(void* data, size_t count, DType dtype, uint64_t seed) {
+  fill_random<<<1024, 256>>>(static_cast<uint8_t*>(data), count, dtype == DType::bf16 ? 0 : 1, seed);
+  BENCH_CUDA(cudaGetLastError());
+}
+
+struct Ceilings {
+  double copy_tbps = 0;     // bytes read + written per second / 1e12
+  double gemm_tflops = 0;   // cuBLAS bf16 8192^3
+};
+
+float time_events(const std::function<void()>& body, int iters) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> samples;
+  for (int rep = 0; rep < 5; ++rep) {
+    cudaEventRecord(a);
+    for (int i = 0; i < iters; ++i) body();
+    cudaEventRecord(b);
+    BENCH_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    samples.push_back(ms / iters);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+Ceilings measure_ceilings() {
+  Ceilings c;
+  const size_t bytes = size_t{2} << 30;
+  void *src = nullptr, *dst = nullptr;
+  BENCH_CUDA(cudaMalloc(&src, bytes));
+  BENCH_CUDA(cudaMalloc(&dst, bytes));
+  fill(src, bytes / 2, DType::bf16, 1);
+  for (int i = 0; i < 3; ++i) cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice);
+  const float ms = time_events([&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); }, 10);
+  c.copy_tbps = 2.0 * bytes / (ms * 1e-3) / 1e12;
+  cudaFree(src);
+  cudaFree(dst);
+
+  const int n = 8192;
+  void *a = nullptr, *b = nullptr, *out = nullptr;
+  BENCH_CUDA(cudaMalloc(&a, size_t{2} * n * n));
+  BENCH_CUDA(cudaMalloc(&b, size_t{2} * n * n));
+  BENCH_CUDA(cudaMalloc(&out, size_t{2} * n * n));
+  fill(a, size_t{n} * n, DType::bf16, 2);
+  fill(b, size_t{n} * n, DType::bf16, 3);
+  cublasHandle_t handle;
+  cublasCreate(&handle);
+  const float alpha = 1.f, beta = 0.f;
+  auto gemm = [&] {
+    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta,
+                 out, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  for (int i = 0; i < 3; ++i) gemm();
+  const float gms = time_events(gemm, 10);
+  c.gemm_tflops = 2.0 * n * double(n) * n / (gms * 1e-3) / 1e12;
+  cublasDestroy(handle);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(out);
+  return c;
+}
+
+struct Request {
+  int context = 0;
+  int query = 0;
+};
+
+struct BenchCase {
+  std::string grid;   // decode / prefill / mixed
+  std::string name;
+  int head_size = 128;
+  std::string kv_cache_dtype = "auto";  // auto (bf16) or fp8_e4m3
+  std::vector<Request> batch;
+  int num_heads = 32, num_kv_heads = 8, block_size = 16;
+  KVCacheLayout layout = KVCacheLayout::NHD;
+};
+
+struct BenchResult {
+  double ms = 0, kv_bytes = 0, flops = 0, tbps = 0, tflops = 0, floor_ms = 0, fraction_of_floor = 0;
+  int rotations = 0;
+};
+
+BenchResult run_case(const BenchCase& bc, const Ceilings& ceil) {
+  const AttentionBackend& backend = cuda_backend();
+  const bool fp8 = bc.kv_cache_dtype != "auto";
+  const DType kv_dtype = fp8 ? DType::fp8_e4m3 : DType::bf16;
+  const int d = bc.head_size, hq = bc.num_heads, hkv = bc.num_kv_heads, bs = bc.block_size;
+  int num_tokens = 0, max_seq = 0;
+  int64_t blocks_per_plan = 0;
+  double kv_bytes = 0, flops = 0;
+  for (const Request& r : bc.batch) {
+    const int seq = r.context + r.query;
+    num_tokens += r.query;
+    max_seq = std::max(max_seq, seq);
+    blocks_per_plan += (seq + bs - 1) / bs;
+    kv_bytes += double(seq) * hkv * 2 * d * dtype_size(kv_dtype);
+    for (int i = 0; i < r.query; ++i) flops += 4.0 * d * hq * (r.context + i + 1);
+  }
+  const double io_bytes = kv_bytes + 2.0 * num_tokens * hq * d * 2;  // + Q read, O written
+  const int rotations = static_cast<int>(std::clamp(std::ceil(256e6 / kv_bytes), 1.0, 8.0));
+  const int64_t num_blocks = blocks_per_plan * rotations + 1;
+
+  AttentionImplParams params;
+  params.num_heads = hq;
+  params.num_kv_heads = hkv;
+  params.head_size = d;
+  params.scale = 1.f / std::sqrt(float(d));
+  params.kv_cache_dtype = bc.kv_cache_dtype;
+  params.dtype = DType::bf16;
+  params.device = Device::cuda;
+  params.block_size = bs;
+  auto impl = backend.make_impl(params);
+  LayerScales scales;
+  scales.k_scale = 0.5f;
+  scales.v_scale = 0.25f;
+
+  set_kv_cache_layout(bc.layout);
+  Tensor cache = backend.allocate_kv_cache(num_blocks, bs, hkv, d, kv_dtype, Device::cuda);
+  set_kv_cache_layout(std::nullopt);
+  fill(cache.data(), cache.numel(), kv_dtype, 11);
+  Tensor query(Shape{num_tokens, hq, d}, DType::bf16, Device::cuda);
+  Tensor output(Shape{num_tokens, hq, d}, DType::bf16, Device::cuda);
+  fill(query.data(), query.numel(), DType::bf16, 12);
+
+  const KVCacheSpec spec = KVCacheSpec::full_attention(bs, hkv, d, kv_dtype);
+  BuilderConfig config;
+  config.num_heads = hq;
+  config.num_kv_heads = hkv;
+  config.head_size = d;
+  config.max_num_seqs = std::max<int>(256, static_cast<int>(bc.batch.size()));
+  config.max_num_batched_tokens = std::max(8192, num_tokens);
+  config.max_model_len = std::max(max_seq, 1);
+
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  set_current_cuda_stream(stream);
+  std::mt19937_64 rng(42);
+  std::vector<int32_t> perm(num_blocks - 1);
+  std::iota(perm.begin(), perm.end(), 1);
+  std::shuffle(perm.begin(), perm.end(), rng);
+
+  std::vector<std::unique_ptr<AttentionMetadataBuilder>> builders;
+  std::vector<OwnedCommonAttentionMetadata> commons;
+  std::vector<std::shared_ptr<const AttentionMetadata>> plans;
+  std::vector<cudaGraphExec_t> graphs;
+  BenchResult res;
+  for (int rot = 0; rot < rotations; ++rot) {
+    CommonAttentionMetadataArgs args;
+    args.query_start_loc = {0};
+    int cols = (max_seq + bs - 1) / bs;
+    args.max_num_blocks_per_req = std::max(cols, 1);
+    int64_t next = rot * blocks_per_plan;
+    for (const Request& r : bc.batch) {
+      const int seq = r.context + r.query;
+      args.query_start_loc.push_back(args.query_start_loc.back() + r.query);
+      args.seq_lens.push_back(seq);
+      const int used = (seq + bs - 1) / bs;
+      for (int c = 0; c < args.max_num_blocks_per_req; ++c) {
+        args.block_table.push_back(c < used ? perm[next + c] : 0);
+      }
+      next += used;
+      for (int i = 0; i < r.query; ++i) args.slot_mapping.push_back(-1);  // attention only
+    }
+    commons.push_back(make_common_attention_metadata(args, Device::cuda));
+    builders.push_back(backend.make_builder(spec, config, Device::cuda));
+    plans.push_back(builders.back()->build(0, commons.back().common));
+    // Warm-up outside the graph (also configures the kernel).
+    impl->forward(scales, query, {}, {}, cache, *plans.back(), output);
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    impl->forward(scales, query, {}, {}, cache, *plans.back(), output);
+    BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+    graphs.push_back(exec);
+  }
+  // Output sanity: every row finite (random inputs, no poison left).
+  {
+    output.fill_bytes(0xFF);
+    BENCH_CUDA(cudaGraphLaunch(graphs[0], stream));
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    const Tensor host = output.to(Device::cpu);
+    for (int64_t i = 0; i < host.numel(); ++i) {
+      if (!std::isfinite(load_f32(host.data(), DType::bf16, i))) {
+        std::fprintf(stderr, "bench %s: output element %lld not finite\n", bc.name.c_str(), (long long)i);
+        std::exit(1);
+      }
+    }
+  }
+  const double floor_guess_ms = std::max(io_bytes / (ceil.copy_tbps * 1e12), flops / (ceil.gemm_tflops * 1e12)) * 1e3;
+  const int iters = static_cast<int>(std::clamp(20.0 / std::max(floor_guess_ms, 1e-3), 10.0, 2000.0));
+  int k = 0;
+  for (int i = 0; i < 3 * rotations; ++i) cudaGraphLaunch(graphs[i % rotations], stream);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> samples;
+  for (int rep = 0; rep < 5; ++rep) {
+    cudaEventRecord(a, stream);
+    for (int i = 0; i < iters; ++i) cudaGraphLaunch(graphs[k++ % rotations], stream);
+    cudaEventRecord(b, stream);
+    BENCH_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    samples.push_back(ms / iters);
+  }
+  std::sort(samples.begin(), samples.end());
+  res.ms = samples[2];
+  res.kv_bytes = kv_bytes;
+  res.flops = flops;
+  res.tbps = kv_bytes / (res.ms * 1e-3) / 1e12;  // KV read rate (the decode metric)
+  res.tflops = flops / (res.ms * 1e-3) / 1e12;
+  res.floor_ms = floor_guess_ms;
+  res.fraction_of_floor = floor_guess_ms / res.ms;
+  res.rotations = rotations;
+  for (auto g : graphs) cudaGraphExecDestroy(g);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  set_current_cuda_stream(nullptr);
+  cudaStreamDestroy(stream);
+  return res;
+}
+
+std::vector<BenchCase> make_grid(bool quick) {
+  std::vector<BenchCase> cases;
+  const int batches[] = {1, 8, 32, 64, 128, 256};
+  const int contexts[] = {1024, 2048, 4096, 8192, 16384};
+  for (int d : {128, 64, 256}) {
+    for (const char* kv : {"auto", "fp8_e4m3"}) {
+      for (int b : batches) {
+        for (int ctx : contexts) {
+          const bool full = d == 128;
+          if (!full && !((b == 1 || b == 32 || b == 128) && (ctx == 2048 || ctx == 8192))) continue;
+          if (quick && !(d == 128 && std::string(kv) == "auto" && (b == 1 || b == 64 || b == 128) &&
+                         (ctx == 2048 || ctx == 4096 || ctx == 8192))) {
+            continue;
+          }
+          if (double(b) * ctx * 8 * d * 4 > 30e9) continue;  // keep under ~30 GB of cache
+          BenchCase c;
+          c.grid = "decode";
+          c.head_size = d;
+          c.kv_cache_dtype = kv;
+          c.name = "decode b" + std::to_string(b) + "x" + std::to_string(ctx / 1024) + "k";
+          c.batch.assign(b, Request{ctx - 1, 1});
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  // The same targets with the HND layout (pages of [Hkv][block_size][D]).
+  for (auto [b, ctx] : {std::pair{128, 4096}, std::pair{64, 2048}, std::pair{1, 8192}, std::pair{32, 16384}}) {
+    BenchCase c;
+    c.grid = "decode";
+    c.layout = KVCacheLayout::HND;
+    c.name = "decode b" + std::to_string(b) + "x" + std::to_string(ctx / 1024) + "k HND";
+    c.batch.assign(b, Request{ctx - 1, 1});
+    cases.push_back(c);
+  }
+  for (int d : {128, 64, 256}) {
+    for (const char* kv : {"auto", "fp8_e4m3"}) {
+      if (quick && (d != 128 || std::string(kv) != "auto")) continue;
+      for (auto [n, len] : {std::pair{1, 16384}, std::pair{4, 4096}, std::pair{16, 1024}}) {
+        BenchCase c;
+        c.grid = "prefill";
+        c.head_size = d;
+        c.kv_cache_dtype = kv;
+        c.name = "prefill " + std::to_string(n) + "x" + std::to_string(len / 1024) + "k causal";
+        c.batch.assign(n, Request{0, len});
+        cases.push_back(c);
+      }
+      BenchCase m;
+      m.grid = "mixed";
+      m.head_size = d;
+      m.kv_cache_dtype = kv;
+      m.name = "mixed 64 decodes@2k + 2 chunks of 512 (context 1536)";
+      m.batch.assign(64, Request{2047, 1});
+      m.batch.push_back(Request{1536, 512});
+      m.batch.push_back(Request{1536, 512});
+      cases.push_back(m);
+    }
+  }
+  return cases;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path, only, only_kv;
+  int only_head_size = 0, block_size = 0;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) {
+      out_path = argv[++i];
+    } else if (a == "--quick") {
+      quick = true;
+    } else if (a == "--only" && i + 1 < argc) {
+      only = argv[++i];
+    } else if (a == "--kv" && i + 1 < argc) {
+      only_kv = argv[++i];
+    } else if (a == "--head-size" && i + 1 < argc) {
+      only_head_size = std::atoi(argv[++i]);
+    } else if (a == "--block-size" && i + 1 < argc) {
+      block_size = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--quick] [--out FILE.json] [--only NAME_SUBSTRING] [--kv auto|fp8_e4m3] "
+                   "[--head-size D] [--block-size N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "cuda_attention_bench: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const Ceilings ceil = measure_ceilings();
+  std::fprintf(stderr, "device %s: copy %.2f TB/s, bf16 GEMM %.0f TFLOP/s\n", prop.name, ceil.copy_tbps,
+               ceil.gemm_tflops);
+  std::ostringstream js;
+  js << "{\n  \"device\": \"" << prop.name << "\", \"sms\": " << prop.multiProcessorCount
+     << ",\n  \"copy_tbps\": " << ceil.copy_tbps << ", \"gemm_bf16_tflops\": " << ceil.gemm_tflops
+     << ",\n  \"rows\": [\n";
+  bool first = true;
+  for (BenchCase c : make_grid(quick)) {
+    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    if (!only_kv.empty() && c.kv_cache_dtype != only_kv) continue;
+    if (only_head_size != 0 && c.head_size != only_head_size) continue;
+    if (block_size != 0) c.block_size = block_size;
+    const BenchResult r = run_case(c, ceil);
+    std::fprintf(stderr, "%-8s d%-3d %-9s %-52s %9.4f ms %6.3f TB/s %7.1f TFLOP/s  %5.1f%% of floor\n",
+                 c.grid.c_str(), c.head_size, c.kv_cache_dtype.c_str(), c.name.c_str(), r.ms, r.tbps, r.tflops,
+                 100 * r.fraction_of_floor);
+    js << (first ? "" : ",\n") << "    {\"grid\": \"" << c.grid << "\", \"name\": \"" << c.name
+       << "\", \"head_size\": " << c.head_size << ", \"kv_cache_dtype\": \"" << c.kv_cache_dtype
+       << "\", \"num_heads\": " << c.num_heads << ", \"num_kv_heads\": " << c.num_kv_heads
+       << ", \"block_size\": " << c.block_size << ", \"batch\": " << c.batch.size() << ", \"ms\": " << r.ms
+       << ", \"kv_bytes\": " << r.kv_bytes << ", \"flops\": " << r.flops << ", \"tbps\": " << r.tbps
+       << ", \"tflops\": " << r.tflops << ", \"floor_ms\": " << r.floor_ms
+       << ", \"fraction_of_floor\": " << r.fraction_of_floor << ", \"rotations\": " << r.rotations << "}";
+    first = false;
+  }
+  js << "\n  ]\n}\n";
+  if (out_path.empty()) {
+    std::cout << js.str();
+  } else {
+    std::ofstream(out_path) << js.str();
+  }
+  return 0;
+}

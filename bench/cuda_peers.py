@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Peers for bench/cuda_attention_bench: PyTorch scaled_dot_product_attention (flash and cuDNN
+backends) on CONTIGUOUS KV (no paging) for the same decode / prefill shapes, timed the same way
+(CUDA events, median of 5 repeats, inputs rotated so the KV does not sit in L2).
+
+Usage: cuda_peers.py BENCH.json OUT.json   (reads the rows to mirror from BENCH.json)
+fp8-KV rows are compared with the bf16 peer (SDPA has no fp8 KV); mixed rows have no peer.
+"""
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def time_ms(fn, iters):
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(5):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            fn()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b) / iters)
+    samples.sort()
+    return samples[2]
+
+
+def peer_row(row, backend):
+    d, hq, hkv = row["head_size"], row["num_heads"], row["num_kv_heads"]
+    name = row["name"]
+    if row["grid"] == "decode":
+        b = row["batch"]
+        ctx = int(name.split("x")[1].split()[0].rstrip("k")) * 1024
+        q_len, kv_len, causal = 1, ctx, False
+    elif row["grid"] == "prefill":
+        n, rest = name.split(" ")[1].split("x")
+        b, q_len = int(n), int(rest.rstrip("k")) * 1024
+        kv_len, causal = q_len, True
+    else:
+        return None
+    kv_bytes = b * kv_len * hkv * 2 * d * 2
+    rot = max(1, min(8, math.ceil(256e6 / kv_bytes)))
+    dev = "cuda"
+    qs = [torch.randn(b, hq, q_len, d, device=dev, dtype=torch.bfloat16) for _ in range(rot)]
+    ks = [torch.randn(b, hkv, kv_len, d, device=dev, dtype=torch.bfloat16) for _ in range(rot)]
+    vs = [torch.randn(b, hkv, kv_len, d, device=dev, dtype=torch.bfloat16) for _ in range(rot)]
+    state = {"i": 0}
+
+    def fn():
+        i = state["i"] % rot
+        state["i"] += 1
+        with sdpa_kernel([backend]):
+            F.scaled_dot_product_attention(qs[i], ks[i], vs[i], is_causal=causal, enable_gqa=True)
+
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except Exception as e:  # backend not available for this shape
+        return {"error": str(e).splitlines()[0][:160]}
+    ms = time_ms(fn, max(10, min(2000, int(20.0 / max(row["ms"], 1e-3)))))
+    return {"ms": ms, "tbps": kv_bytes / (ms * 1e-3) / 1e12, "tflops": row["flops"] / (ms * 1e-3) / 1e12}
+
+
+def main():
+    bench = json.load(open(sys.argv[1]))
+    out = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "rows": []}
+    cache = {}
+    for row in bench["rows"]:
+        key = (row["grid"], row["name"].replace(" HND", ""), row["head_size"])
+        if key not in cache:
+            cache[key] = {
+                "sdpa_flash": peer_row(row, SDPBackend.FLASH_ATTENTION),
+                "sdpa_cudnn": peer_row(row, SDPBackend.CUDNN_ATTENTION),
+            }
+            torch.cuda.empty_cache()
+            print(key, cache[key], file=sys.stderr, flush=True)
+        out["rows"].append({"grid": row["grid"], "name": row["name"], "head_size": row["head_size"],
+                            "kv_cache_dtype": row["kv_cache_dtype"], **cache[key]})
+    json.dump(out, open(sys.argv[2], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

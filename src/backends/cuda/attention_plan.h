@@ -1,0 +1,124 @@
+// The CUDA backend's plan (what the builder writes into device memory) and the kernel
+// parameters. Plain structs shared by host (.cpp) and device (.cu) code; no CUDA types.
+//
+// A batch is cut into WORK ITEMS. One work item = one CTA's unit of work:
+//   (request r, kv head g, a tile of packed query rows, a range of key positions)
+// Packed query rows: the query heads of one kv head are packed with the tokens, row
+//   m = token_in_request * G + head_in_group   (G = num_heads / num_kv_heads)
+// so one KV tile loaded into shared memory serves the whole GQA group (each KV byte is read once
+// per group). Two code paths share one kernel (one launch serves a mixed batch):
+//   decode path   (item.num_rows <= 16): 16 rows; the 4 warps split each 64-key tile (16 keys
+//                  each) and merge their softmax states at the end (flash-decoding inside a CTA);
+//   prefill path  (more rows): 64 or 128 rows (16 or 32 per warp); each warp sees every key.
+// A long key range may be SPLIT over several items (flash-decoding across CTAs); their partial
+// outputs (f32) and LSEs land in the builder's workspace and a COMBINE item merges them.
+#pragma once
+
+#include <cstdint>
+
+namespace pagedattn::cuda {
+
+inline constexpr int kThreadsPerCta = 128;     // 4 warps
+inline constexpr int kKeysPerTile = 64;        // keys per pipeline stage
+inline constexpr int kDecodeRows = 16;         // rows of a decode-path item
+inline constexpr int kMaxPrefillRows = 128;    // rows of a prefill-path item (D <= 128)
+
+// Rows of a prefill-path item for head size d (two 16-row MMA tiles per warp up to d = 128).
+constexpr int prefill_rows_for_head_size(int head_size) { return head_size <= 128 ? 128 : 64; }
+
+enum WorkItemFlags : int32_t {
+  kItemDecodePath = 1,   // 16-row path (warps split the keys)
+  kItemOwnsSink = 2,     // adds the sink logit (exactly one split of a row group does)
+};
+
+// 48 bytes; read once per item by every thread of the CTA.
+struct WorkItem {
+  int32_t request;          // row of the block table
+  int32_t kv_head;
+  int32_t query_start;      // flat index of the request's first query token
+  int32_t query_len;
+  int32_t seq_len;          // keys of the request (context + this step's tokens)
+  int32_t row_start;        // first packed row of this item (within the request)
+  int32_t num_rows;         // packed rows of this item (<= 16 decode, <= 128 prefill)
+  int32_t kv_start;         // key positions [kv_start, kv_end) of this item
+  int32_t kv_end;
+  int32_t flags;            // WorkItemFlags
+  int32_t partial_row;      // -1: write the output; else first row in the partial buffers
+  int32_t reserved;
+};
+
+// One group of split items to merge: rows [row_start, row_start + num_rows) of (request,
+// kv head), num_splits partial states at partial_row + split * num_rows + row.
+struct CombineItem {
+  int32_t query_start;
+  int32_t row_start;
+  int32_t num_rows;
+  int32_t kv_head;
+  int32_t num_splits;
+  int32_t partial_row;
+  int32_t reserved[2];
+};
+
+// Device plan header: counts read by the kernels (so a captured graph replays any plan).
+struct PlanHeader {
+  int32_t num_work_items;
+  int32_t num_combine_items;
+  int32_t reserved[2];
+};
+
+// Kernel parameters (passed by value). Strides in elements.
+struct AttentionKernelParams {
+  // query (T, Hq, D):(q_token_stride, q_head_stride, 1)
+  const void* query;
+  int64_t q_token_stride, q_head_stride;
+  // output (T, Hq, D):(o_token_stride, o_head_stride, 1), activation dtype
+  void* output;
+  int64_t o_token_stride, o_head_stride;
+  // output_lse (Hq, T):(lse_head_stride, lse_token_stride) f32 natural log; nullptr = none
+  float* lse;
+  int64_t lse_head_stride, lse_token_stride;
+  // Keys / values. Paged: (num_blocks, block_size, Hkv, D):(block, token, head, 1) (NHD and
+  // HND differ only in strides). Not paged (encoder types): (T, Hkv, D):(token, head, 1).
+  const void* key;
+  const void* value;
+  int64_t k_block_stride, k_token_stride, k_head_stride;
+  int64_t v_block_stride, v_token_stride, v_head_stride;
+  const int32_t* block_table;  // (num_reqs, cols):(block_table_stride, 1)
+  int64_t block_table_stride;
+  int32_t block_size;
+  int32_t paged;
+  int64_t num_blocks;          // page ids outside [0, num_blocks) read as zeros (never out of bounds)
+  // Plan (builder workspace).
+  const PlanHeader* header;
+  const WorkItem* items;
+  float* partial_out;          // (partial rows, D) f32
+  float* partial_lse;          // (partial rows,) f32, natural log
+  // Heads and features.
+  int32_t num_heads, num_kv_heads, group_size;
+  int32_t fp8_format;          // 0: 16-bit KV, 1: e4m3, 2: e5m2
+  float scale;                 // softmax scale
+  float k_scale, v_scale;      // fp8 dequantization (1 otherwise)
+  const float* k_scale_per_head;  // (Hkv,) or nullptr
+  const float* v_scale_per_head;
+  float soft_cap;              // 0 = none
+  const float* alibi_slopes;   // (Hq,) or nullptr
+  const float* sinks;          // (Hq,) or nullptr
+  // Visibility of key k for a query at position p: p - window_left <= k <= p + window_right
+  // (-1 = unbounded on that side); causal decoder: window_right = 0.
+  int32_t window_left, window_right;
+};
+
+struct CombineKernelParams {
+  const PlanHeader* header;
+  const CombineItem* items;
+  const float* partial_out;
+  const float* partial_lse;
+  void* output;
+  int64_t o_token_stride, o_head_stride;
+  float* lse;
+  int64_t lse_head_stride, lse_token_stride;
+  int32_t group_size;
+  int32_t head_size;
+};
+
+}  // namespace pagedattn::cuda

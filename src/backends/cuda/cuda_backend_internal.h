@@ -1,0 +1,124 @@
+// Internal classes of the CUDA backend: its plan (metadata), builder and impl.
+//
+// Memory: the builder allocates ONE device workspace at construction, sized from its
+// BuilderConfig (max_num_seqs, max_num_batched_tokens, max_model_len) and the device's resident
+// CTA count:
+//   [PlanHeader][WorkItem x max_items][CombineItem x max_combine][block table copy]
+//   [slot_mapping copy][partial out f32 (rows, Dv)][partial LSE f32 (rows,)]
+// build() writes the plan (async host->device copy of pageable memory: returns once staged, no
+// sync), copies the block table and slot mapping device->device into the workspace and pads the
+// slot copy with -1. forward() only launches kernels that read the workspace, so a CUDA graph
+// captured once replays ANY later plan of the same builder (cudagraph_support() == always),
+// provided the layer's q / k / v / output / cache tensors keep their addresses (as vLLM's
+// persistent buffers do). A plan is valid until the builder's next build(); forward on an
+// older plan throws.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/attention_plan.h"
+#include "backends/cuda/planner.h"
+#include "pagedattn/backend.h"
+#include "pagedattn/tensor.h"
+
+namespace pagedattn::cuda {
+
+inline constexpr std::string_view kBackendName = "CUDA";
+
+// Counts plans; a metadata object remembers the count it was built at.
+struct PlanGeneration {
+  std::atomic<uint64_t> value{0};
+};
+
+struct CudaAttentionMetadata final : AttentionMetadata {
+  AttentionType attn_type = AttentionType::decoder;
+  bool causal = true;
+  int block_size = 0;
+  int head_size = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  std::optional<int> sliding_window;   // the window the key ranges were planned with
+  int num_work_items = 0;
+  int num_combine_items = 0;
+  int attention_grid = 0;              // CTAs when not capturing
+  int resident_ctas = 0;               // CTAs when capturing (graph-safe)
+  int combine_grid_capacity = 0;       // combine CTAs when capturing
+  bool for_cudagraph = false;
+  // Device plan (builder workspace).
+  const PlanHeader* header = nullptr;
+  const WorkItem* items = nullptr;
+  const CombineItem* combine_items = nullptr;
+  const int32_t* block_table = nullptr;  // (num_reqs, block_table_cols) copy
+  int64_t block_table_stride = 0;
+  float* partial_out = nullptr;
+  float* partial_lse = nullptr;
+  // Staleness check.
+  std::shared_ptr<const PlanGeneration> generation_source;
+  uint64_t generation = 0;
+};
+
+class CudaMetadataBuilder final : public AttentionMetadataBuilder {
+ public:
+  CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config, Device device);
+
+  std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
+                                                 const CommonAttentionMetadata& common,
+                                                 bool fast_build = false) override;
+  std::shared_ptr<const AttentionMetadata> build_for_cudagraph_capture(
+      const CommonAttentionMetadata& common) override;
+  bool can_run_in_cudagraph(const CommonAttentionMetadata& common) const override;
+  CudaGraphSupport cudagraph_support() const override { return CudaGraphSupport::always; }
+  size_t workspace_bytes() const override { return workspace_.nbytes(); }
+
+  const PlannerConfig& planner_config() const { return planner_; }
+
+ private:
+  std::shared_ptr<CudaAttentionMetadata> build_plan(const CommonAttentionMetadata& common,
+                                                    bool for_cudagraph);
+  // Empty when the batch fits the workspace; else the reason.
+  std::string capacity_problem(const CommonAttentionMetadata& common) const;
+
+  BuilderConfig config_;
+  PlannerConfig planner_;
+  int resident_ctas_ = 0;
+  int max_block_table_cols_ = 0;
+  int64_t max_slots_ = 0;
+  // Workspace layout (byte offsets).
+  size_t items_offset_ = 0, combine_offset_ = 0, block_table_offset_ = 0, slots_offset_ = 0,
+         partial_out_offset_ = 0, partial_lse_offset_ = 0;
+  Tensor workspace_;
+  std::vector<uint8_t> staging_;  // host image of header + items + combine items
+  std::shared_ptr<PlanGeneration> generation_ = std::make_shared<PlanGeneration>();
+};
+
+class CudaAttentionImpl final : public AttentionImpl {
+ public:
+  explicit CudaAttentionImpl(AttentionImplParams params);
+
+  void do_kv_cache_update(const LayerScales& scales, const TensorView& key, const TensorView& value,
+                          const TensorView& kv_cache, const AttentionMetadata& metadata) override;
+  void forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
+               const TensorView& value, const TensorView& kv_cache,
+               const AttentionMetadata& metadata, const TensorView& output,
+               const TensorView& output_scale = {}, const TensorView& output_lse = {}) override;
+  bool can_return_lse_for_decode() const override { return true; }
+  bool supports_quant_query_input() const override { return false; }
+  bool fused_output_quant_supported(const QuantKey&) const override { return false; }
+
+ private:
+  const CudaAttentionMetadata& checked_metadata(const AttentionMetadata& metadata,
+                                                std::string_view entry) const;
+  DType cache_dtype_;
+  Tensor alibi_slopes_;  // (Hq,) f32 on the device, or empty
+  Tensor sinks_;         // (Hq,) f32 on the device, or empty
+};
+
+// Reasons why the CUDA backend cannot run a layer (empty = it can).
+std::vector<std::string> unsupported_reasons(const SelectorConfig& config);
+
+}  // namespace pagedattn::cuda

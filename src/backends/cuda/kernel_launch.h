@@ -1,0 +1,45 @@
+// Host-side entry points of the CUDA backend's kernels (no CUDA types: streams are void*).
+// Every function enqueues on `stream` and returns without synchronizing; a launch failure throws
+// pagedattn::Error naming the kernel and cudaGetErrorString.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/attention_plan.h"
+#include "pagedattn/dtype.h"
+
+namespace pagedattn::cuda {
+
+// Head sizes with a compiled attention kernel.
+inline constexpr int kSupportedHeadSizes[] = {64, 80, 96, 128, 192, 256};
+bool attention_head_size_supported(int head_size);
+
+struct AttentionKernelInfo {
+  int smem_bytes = 0;       // dynamic shared memory per CTA
+  int ctas_per_sm = 0;      // resident CTAs per multiprocessor (occupancy)
+  int rows_prefill = 0;     // rows of a prefill-path item
+};
+// Sets the kernel's shared-memory attribute on the current device (once) and reports its
+// occupancy. activation: f16 or bf16; fp8_kv: the cache holds fp8.
+AttentionKernelInfo attention_kernel_info(int head_size, DType activation, bool fp8_kv);
+
+// Launches the paged attention kernel with `grid` persistent CTAs.
+void launch_paged_attention(const AttentionKernelParams& params, int head_size, DType activation,
+                            bool fp8_kv, int grid, void* stream);
+
+// Merges split partials (CombineItem list) into the output; `grid` persistent CTAs.
+void launch_combine_splits(const CombineKernelParams& params, DType activation, int grid,
+                           void* stream);
+
+// "" when this build's kernels can run on the current device; else a sentence saying why not
+// (e.g. built for sm_90a, device is sm_80).
+std::string kernel_image_problem();
+
+// Number of multiprocessors of the current device.
+int current_device_sm_count();
+
+// Throws Error("<what>: <cuda error>") when the last launch failed.
+void check_launch(const char* what);
+
+}  // namespace pagedattn::cuda

@@ -1,0 +1,41 @@
+// Helpers shared by the GPU tests: skip without a device, the CUDA backend object, host random
+// tensors.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+
+#include "../../src/backends/cuda/cuda_backend.h"
+#include "pagedattn/pagedattn.h"
+
+#define PAGEDATTN_REQUIRE_GPU()                                                     \
+  do {                                                                             \
+    if (::pagedattn::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";   \
+  } while (0)
+
+namespace pagedattn::gpu_test {
+
+// Host tensor of `dtype` filled with uniform(lo, hi) values (rounded into dtype).
+inline Tensor random_host(Shape shape, DType dtype, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  Tensor t(shape, dtype, Device::cpu);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), dtype, i, dist(rng));
+  return t;
+}
+
+// ||a - b|| / ||b|| over every element (a NaN in `a` counts as a failure: returns +inf).
+inline double rel_error(const TensorView& a, const TensorView& b) {
+  double diff2 = 0, ref2 = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = load_f64(a.data(), a.dtype(), i), y = load_f64(b.data(), b.dtype(), i);
+    if (!std::isfinite(x)) return INFINITY;
+    diff2 += (x - y) * (x - y);
+    ref2 += y * y;
+  }
+  return ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+}
+
+}  // namespace pagedattn::gpu_test

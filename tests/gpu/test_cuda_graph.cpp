@@ -1,0 +1,240 @@
+// CUDA graphs: one decode step (cache write + attention) is captured ONCE on a padded batch and
+// replayed with different batch contents — other sequence lengths and block tables, padded
+// requests of query length 0 with slot -1, and a mixed step with a 3-token chunk — after only a
+// build() per step (the plan lands in the builder's fixed workspace). Each replay is checked
+// against the REFERENCE doing the same step on a host copy of the cache: the outputs within the
+// bf16 tolerance and the WHOLE cache byte-identical (so padded slots were never written).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "conformance/harness.h"
+#include "gpu_test_util.h"
+
+namespace pagedattn {
+namespace {
+
+constexpr int kHeads = 8, kKvHeads = 2, kHead = 128, kBlock = 16, kBatch = 8, kBlocks = 512;
+constexpr int kTableCols = 40;  // 640 tokens per request at most
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+struct Step {
+  std::vector<int32_t> query_lens;  // kBatch entries (0 = padded request)
+  std::vector<int32_t> context;     // kBatch entries
+};
+
+CommonAttentionMetadataArgs step_args(const Step& s, std::mt19937_64& rng) {
+  CommonAttentionMetadataArgs a;
+  a.query_start_loc = {0};
+  std::vector<int32_t> blocks(kBlocks);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  a.max_num_blocks_per_req = kTableCols;
+  for (int r = 0; r < kBatch; ++r) {
+    const int q = s.query_lens[r];
+    const int seq = q > 0 ? s.context[r] + q : 0;
+    a.query_start_loc.push_back(a.query_start_loc.back() + q);
+    a.seq_lens.push_back(seq);
+    for (int c = 0; c < kTableCols; ++c) a.block_table.push_back(blocks[(r * kTableCols + c) % kBlocks]);
+    for (int i = 0; i < q; ++i) {
+      const int pos = seq - q + i;
+      a.slot_mapping.push_back(static_cast<int64_t>(a.block_table[r * kTableCols + pos / kBlock]) * kBlock +
+                               pos % kBlock);
+    }
+  }
+  a.num_tokens_padded = kBatch;  // the captured token count; the tail is -1
+  return a;
+}
+
+TEST(CudaGraph, CaptureOnceReplayWithDifferentBatches) {
+  PAGEDATTN_REQUIRE_GPU();
+  const AttentionBackend& cuda = cuda_backend();
+  const AttentionBackend& ref = conformance::reference();
+  AttentionImplParams params;
+  params.num_heads = kHeads;
+  params.num_kv_heads = kKvHeads;
+  params.head_size = kHead;
+  params.scale = 1.f / std::sqrt(static_cast<float>(kHead));
+  params.dtype = DType::bf16;
+  params.block_size = kBlock;
+  params.sinks = {0.5f, -1.f, 2.f, 0.f, 1.f, -3.f, 0.25f, 1.5f};
+  params.device = Device::cuda;
+  auto cuda_impl = cuda.make_impl(params);
+  params.device = Device::cpu;
+  auto ref_impl = ref.make_impl(params);
+  const KVCacheSpec spec = KVCacheSpec::full_attention(kBlock, kKvHeads, kHead, DType::bf16);
+  BuilderConfig config;
+  config.num_heads = kHeads;
+  config.num_kv_heads = kKvHeads;
+  config.head_size = kHead;
+  config.max_num_seqs = kBatch;
+  config.max_num_batched_tokens = 64;
+  config.max_model_len = kTableCols * kBlock;
+  auto cuda_builder = cuda.make_builder(spec, config, Device::cuda);
+  auto ref_builder = ref.make_builder(spec, config, Device::cpu);
+  EXPECT_EQ(cuda_builder->cudagraph_support(), CudaGraphSupport::always);
+  EXPECT_GT(cuda_builder->workspace_bytes(), 0u);
+
+  // Caches: identical stale bf16 data on both sides.
+  Tensor host_cache = ref.allocate_kv_cache(kBlocks, kBlock, kKvHeads, kHead, DType::bf16, Device::cpu);
+  {
+    std::mt19937_64 fill(7);
+    std::uniform_real_distribution<float> dist(-2.f, 2.f);
+    for (int64_t i = 0; i < host_cache.numel(); ++i) store_f32(host_cache.data(), DType::bf16, i, dist(fill));
+  }
+  Tensor dev_cache = host_cache.to(Device::cuda);
+
+  // The layer's persistent buffers (fixed addresses, as an engine's graph inputs).
+  Tensor query(Shape{kBatch, kHeads, kHead}, DType::bf16, Device::cuda);
+  Tensor key(Shape{kBatch, kKvHeads, kHead}, DType::bf16, Device::cuda);
+  Tensor value(Shape{kBatch, kKvHeads, kHead}, DType::bf16, Device::cuda);
+  Tensor output(Shape{kBatch, kHeads, kHead}, DType::bf16, Device::cuda);
+  Tensor lse(Shape{kHeads, kBatch}, DType::f32, Device::cuda);
+  LayerScales scales;
+
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  set_current_cuda_stream(stream);
+  std::mt19937_64 rng(11);
+
+  // Capture on a full decode batch.
+  const Step capture_step{{1, 1, 1, 1, 1, 1, 1, 1}, {10, 20, 30, 40, 50, 60, 70, 80}};
+  OwnedCommonAttentionMetadata capture_common =
+      make_common_attention_metadata(step_args(capture_step, rng), Device::cuda, kBlocks, kBlock);
+  auto capture_md = cuda_builder->build_for_cudagraph_capture(capture_common.common);
+  synchronize_cuda();
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cuda_impl->do_kv_cache_update(scales, key, value, dev_cache, *capture_md);
+  cuda_impl->forward(scales, query, key, value, dev_cache, *capture_md, output, {}, lse);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  const std::vector<Step> steps = {
+      {{1, 1, 1, 1, 1, 1, 1, 1}, {300, 5, 17, 600, 1, 129, 64, 250}},  // full batch, other lengths
+      {{1, 1, 1, 1, 1, 0, 0, 0}, {33, 400, 2, 77, 500, 0, 0, 0}},      // 3 padded requests
+      {{3, 1, 1, 0, 0, 0, 0, 0}, {90, 260, 0, 0, 0, 0, 0, 0}},         // mixed: a 3-token chunk
+      {{1, 0, 0, 0, 0, 0, 0, 0}, {630, 0, 0, 0, 0, 0, 0, 0}},          // one long request (split-KV)
+  };
+  uint64_t seed = 1000;
+  for (size_t si = 0; si < steps.size(); ++si) {
+    SCOPED_TRACE(detail::concat("replay ", si));
+    const CommonAttentionMetadataArgs args = step_args(steps[si], rng);
+    OwnedCommonAttentionMetadata common = make_common_attention_metadata(args, Device::cuda, kBlocks, kBlock);
+    OwnedCommonAttentionMetadata host_common = make_common_attention_metadata(args, Device::cpu, kBlocks, kBlock);
+    const int live = common.common.num_actual_tokens;
+
+    const Tensor q_host = gpu_test::random_host(Shape{kBatch, kHeads, kHead}, DType::bf16, seed++);
+    const Tensor k_host = gpu_test::random_host(Shape{kBatch, kKvHeads, kHead}, DType::bf16, seed++);
+    const Tensor v_host = gpu_test::random_host(Shape{kBatch, kKvHeads, kHead}, DType::bf16, seed++);
+    query.copy_from(q_host);
+    key.copy_from(k_host);
+    value.copy_from(v_host);
+    output.fill_bytes(0xFF);
+    lse.fill_bytes(0xFF);
+
+    // Plan (host) into the fixed workspace, then replay.
+    auto md = cuda_builder->build(0, common.common);
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+
+    // The REFERENCE step on the host cache.
+    auto ref_md = ref_builder->build(0, host_common.common);
+    Tensor ref_out(Shape{kBatch, kHeads, kHead}, DType::bf16, Device::cpu);
+    Tensor ref_lse(Shape{kHeads, kBatch}, DType::f32, Device::cpu);
+    ref_impl->do_kv_cache_update(scales, k_host.view().narrow(0, 0, live), v_host.view().narrow(0, 0, live),
+                                 host_cache, *ref_md);
+    ref_impl->forward(scales, q_host, {}, {}, host_cache, *ref_md, ref_out, {}, ref_lse);
+
+    const Tensor out = output.to(Device::cpu);
+    const Tensor out_lse = lse.to(Device::cpu);
+    EXPECT_LE(gpu_test::rel_error(out.view().narrow(0, 0, live), ref_out.view().narrow(0, 0, live)), 8e-3);
+    for (int h = 0; h < kHeads; ++h) {
+      for (int t = 0; t < live; ++t) {
+        EXPECT_NEAR(out_lse.data_as<float>()[h * kBatch + t], ref_lse.data_as<float>()[h * kBatch + t], 2e-2)
+            << "lse head " << h << " token " << t;
+      }
+    }
+    const Tensor cache_back = dev_cache.to(Device::cpu);
+    EXPECT_EQ(std::memcmp(cache_back.data(), host_cache.data(), host_cache.nbytes()), 0)
+        << "the cache differs from the REFERENCE's: a padded slot was written or a live one was not";
+  }
+
+  // A plan older than the builder's latest is refused (its workspace was overwritten).
+  EXPECT_THROW(cuda_impl->forward(scales, query, key, value, dev_cache, *capture_md, output, {}, lse), Error);
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  set_current_cuda_stream(nullptr);
+  cudaStreamDestroy(stream);
+}
+
+TEST(CudaGraph, BadInputsThrowBeforeAnyWrite) {
+  PAGEDATTN_REQUIRE_GPU();
+  const AttentionBackend& cuda = cuda_backend();
+  AttentionImplParams params;
+  params.num_heads = 4;
+  params.num_kv_heads = 4;
+  params.head_size = 64;
+  params.scale = 0.125f;
+  params.dtype = DType::bf16;
+  params.device = Device::cuda;
+  auto impl = cuda.make_impl(params);
+  const KVCacheSpec spec = KVCacheSpec::full_attention(16, 4, 64, DType::bf16);
+  BuilderConfig config;
+  config.num_heads = 4;
+  config.num_kv_heads = 4;
+  config.head_size = 64;
+  config.max_num_seqs = 4;
+  config.max_num_batched_tokens = 32;
+  config.max_model_len = 256;
+  auto builder = cuda.make_builder(spec, config, Device::cuda);
+  CommonAttentionMetadataArgs args;
+  args.query_start_loc = {0, 2};
+  args.seq_lens = {20};
+  args.max_num_blocks_per_req = 2;
+  args.block_table = {3, 1};
+  args.slot_mapping = {1 * 16 + 2, 1 * 16 + 3};
+  OwnedCommonAttentionMetadata common = make_common_attention_metadata(args, Device::cuda, 8, 16);
+  auto md = builder->build(0, common.common);
+  Tensor cache = cuda.allocate_kv_cache(8, 16, 4, 64, DType::bf16, Device::cuda);
+  cache.fill_bytes(0x11);
+  Tensor q(Shape{2, 4, 64}, DType::bf16, Device::cuda);
+  Tensor out(Shape{2, 4, 64}, DType::bf16, Device::cuda);
+  Tensor wrong_dtype(Shape{2, 4, 64}, DType::f16, Device::cuda);
+  Tensor wrong_heads(Shape{2, 3, 64}, DType::bf16, Device::cuda);
+  Tensor host_q(Shape{2, 4, 64}, DType::bf16, Device::cpu);
+  out.fill_bytes(0x22);
+  LayerScales scales;
+  EXPECT_THROW(impl->forward(scales, wrong_dtype, {}, {}, cache, *md, out), Error);
+  EXPECT_THROW(impl->forward(scales, wrong_heads, {}, {}, cache, *md, out), Error);
+  EXPECT_THROW(impl->forward(scales, host_q, {}, {}, cache, *md, out), Error);
+  EXPECT_THROW(impl->forward(scales, q, {}, {}, cache, *md, wrong_dtype), Error);
+  Tensor out_scale(Shape{1}, DType::f32, Device::cuda);
+  EXPECT_THROW(impl->forward(scales, q, {}, {}, cache, *md, out, out_scale), Error);
+  // A batch beyond the builder's construction limits is an error, not a resize.
+  CommonAttentionMetadataArgs big = args;
+  big.query_start_loc = {0, 40};
+  big.seq_lens = {40};
+  big.max_num_blocks_per_req = 3;
+  big.block_table = {0, 1, 2};
+  big.slot_mapping.assign(40, -1);
+  OwnedCommonAttentionMetadata big_common = make_common_attention_metadata(big, Device::cuda, 8, 16);
+  EXPECT_THROW(builder->build(0, big_common.common), Error);
+  EXPECT_FALSE(builder->can_run_in_cudagraph(big_common.common));
+  synchronize_cuda();
+  const Tensor out_back = out.to(Device::cpu);
+  const Tensor cache_back = cache.to(Device::cpu);
+  for (size_t i = 0; i < out_back.nbytes(); ++i) ASSERT_EQ(static_cast<const uint8_t*>(out_back.data())[i], 0x22);
+  for (size_t i = 0; i < cache_back.nbytes(); ++i) ASSERT_EQ(static_cast<const uint8_t*>(cache_back.data())[i], 0x11);
+}
+
+}  // namespace
+}  // namespace pagedattn
