@@ -57,6 +57,7 @@
 #include <tuple>
 #include <utility>
 
+#include "backends/host_backend_common.h"
 #include "backends/reference/reference_internal.h"
 #include "pagedattn/error.h"
 #include "pagedattn/kv_cache.h"
@@ -277,48 +278,11 @@ void ReferenceAttentionImpl::do_kv_cache_update(const LayerScales& scales, const
                                                 const AttentionMetadata& metadata) {
   const char* entry = "do_kv_cache_update";
   const ReferenceAttentionMetadata& md = checked_metadata(metadata, entry);
-  // encoder / encoder_only keep no cache (as vLLM's do_kv_cache_update, which returns early).
-  if (!uses_kv_cache(params_.attn_type)) return;
-
-  const TensorView& slots = md.slot_mapping;  // (num_slots,) i64, host
-  const int64_t* slot = slots.data_as<const int64_t>();
-  const int64_t num_slots = slots.size(0);
-  if (!key.defined() && !value.defined()) {
-    // Nothing to write (e.g. cross-attention after the encoder step): every slot must be -1.
-    for (int64_t i = 0; i < num_slots; ++i) {
-      PAGEDATTN_CHECK(slot[i] == -1, "key",
-                      "REFERENCE do_kv_cache_update: key/value are not given "
-                      "but slot_mapping[",
-                      i, "] = ", slot[i], " asks for a token to be written");
-    }
-    return;
-  }
-  PAGEDATTN_CHECK(key.defined() && value.defined(), key.defined() ? "value" : "key",
-                  "REFERENCE do_kv_cache_update: key and value must be given together");
-  check_kv_cache(kv_cache, md, entry);
-  check_scales(scales, entry);
-  const DType activation[] = {params_.dtype};
-  for (const auto& [t, arg, dim] : {std::tuple{&key, "key", params_.head_size},
-                                    std::tuple{&value, "value", params_.value_head_size()}}) {
-    check_device(*t, arg, Device::cpu);
-    check_dtype(*t, arg, activation);
-    check_ndim(*t, arg, 3);
-    PAGEDATTN_CHECK(
-        t->size(0) == key.size(0) && t->size(1) == params_.kv_heads() && t->size(2) == dim, arg,
-        "REFERENCE do_kv_cache_update: ", arg, " has shape ", t->shape().str(), ": expected (",
-        key.size(0), ", ", params_.kv_heads(), ", ", dim, ")");
-  }
-  const int64_t num_rows = key.size(0);
-  // Slots past the given rows (padding) must all be -1.
-  for (int64_t i = num_rows; i < num_slots; ++i) {
-    PAGEDATTN_CHECK(slot[i] == -1, "key", "REFERENCE do_kv_cache_update: key has ", num_rows,
-                    " rows but slot_mapping[", i, "] = ", slot[i], " asks for row ", i);
-  }
-  const TensorView live_slots = slots.narrow(0, 0, std::min(num_rows, num_slots));
-  const KVCacheViews views = split_kv_cache(kv_cache, params_.head_size, params_.value_head_size());
-  // The op checks key/value shapes and dtypes and every slot before it writes a byte.
-  reshape_and_cache_flash(key, value, views.key_cache, views.value_cache, live_slots,
-                          params_.kv_cache_dtype, scales);
+  host::write_step_kv_cache(params_, scales, key, value, kv_cache, md.slot_mapping, "REFERENCE",
+                            [&] {
+                              check_kv_cache(kv_cache, md, entry);
+                              check_scales(scales, entry);
+                            });
 }
 
 // ---- attention --------------------------------------------------------------------------------

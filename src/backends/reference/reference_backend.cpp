@@ -6,6 +6,7 @@
 #include <sstream>
 #include <string>
 
+#include "backends/host_backend_common.h"
 #include "backends/reference/reference_internal.h"
 #include "pagedattn/error.h"
 #include "pagedattn/metadata.h"
@@ -14,28 +15,9 @@ namespace pagedattn {
 namespace reference {
 namespace {
 
-constexpr const char* kKvCacheDtypes[] = {"auto",     "fp8",     "fp8_e4m3", "fp8_e5m2",
-                                          "bfloat16", "float16", "float32"};
-
-bool is_activation_dtype(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
-}
-
-bool is_accepted_kv_cache_dtype(std::string_view s) {
-  for (const char* accepted : kKvCacheDtypes) {
-    if (s == accepted) return true;
-  }
-  return false;
-}
-
-std::string accepted_kv_cache_dtypes() {
-  std::string list;
-  for (const char* accepted : kKvCacheDtypes) {
-    if (!list.empty()) list += ", ";
-    list += accepted;
-  }
-  return list;
-}
+using host::accepted_kv_cache_dtypes;
+using host::is_accepted_kv_cache_dtype;
+using host::is_activation_dtype;
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -132,7 +114,7 @@ class ReferenceBackend final : public AttentionBackend {
     BackendCapabilities caps;
     caps.devices = {Device::cpu};
     caps.dtypes = {DType::f32, DType::f16, DType::bf16};
-    for (const char* s : kKvCacheDtypes) caps.kv_cache_dtypes.emplace_back(s);
+    caps.kv_cache_dtypes = host::kv_cache_dtype_names();
     caps.head_sizes = {};  // any size 1..kMaxHeadSize
     caps.attn_types = {AttentionType::decoder, AttentionType::encoder, AttentionType::encoder_only,
                        AttentionType::encoder_decoder};
