@@ -147,7 +147,9 @@ TEST(CpuDispatch, OverrideSelectsTheTable) {
     EXPECT_STREQ(active_kernels().name, isa_name(isa));
   }
   clear_isa_override();
-  EXPECT_EQ(active_kernels().isa, best_isa()) << "without PAGEDATTN_CPU_ISA the best path runs";
+  if (std::getenv("PAGEDATTN_CPU_ISA") == nullptr) {  // a forced path (CI's ISA runs) wins
+    EXPECT_EQ(active_kernels().isa, best_isa()) << "without PAGEDATTN_CPU_ISA the best path runs";
+  }
 }
 
 TEST(CpuThreads, EnvironmentAndConfigDecide) {
@@ -215,9 +217,19 @@ std::shared_ptr<const CpuAttentionMetadata> make_plan(const PlanCase& p, size_t*
 void expect_complete(const CpuAttentionMetadata& md) {
   std::map<std::pair<int, int>, int> writers;
   for (const WorkItem& item : md.items) {
-    ASSERT_LE((item.tok_end - item.tok_begin) * (md.num_heads / md.num_kv_heads), md.workspace->max_rows);
+    ASSERT_GE(item.num_kv_heads, 1);
+    ASSERT_LE(item.kv_head + item.num_kv_heads, md.num_kv_heads);
+    ASSERT_LE((item.tok_end - item.tok_begin) * (md.num_heads / md.num_kv_heads) * item.num_kv_heads,
+              md.workspace->max_rows);
+    if (item.num_kv_heads > 1) {  // head-fused items: one request, final rows, no prefix
+      EXPECT_EQ(item.req_end - item.req_begin, 1);
+      EXPECT_LT(item.partial_base, 0);
+      EXPECT_EQ(item.prefix_len, 0);
+    }
     if (item.partial_base >= 0) continue;
-    for (int t = item.tok_begin; t < item.tok_end; ++t) ++writers[{t, item.kv_head}];
+    for (int t = item.tok_begin; t < item.tok_end; ++t) {
+      for (int g = item.kv_head; g < item.kv_head + item.num_kv_heads; ++g) ++writers[{t, g}];
+    }
   }
   for (const MergeTask& merge : md.merges) {
     for (int t = merge.tok_begin; t < merge.tok_end; ++t) ++writers[{t, merge.kv_head}];
@@ -253,7 +265,9 @@ TEST(CpuPlan, PrefillsAreTiledAndDecodesSplitWhenThreadsLackWork) {
   auto md = make_plan(prefill, &workspace);
   EXPECT_GT(workspace, 0u);
   EXPECT_TRUE(md->merges.empty());
-  EXPECT_EQ(md->items.size(), 2u * (7 + 1 + 2));  // 32 tokens per q tile (G = 4)
+  // 32 tokens per q tile (G = 4): 2 kv heads x (7 + 1 + 2) items, less one for each q tile whose
+  // rows for both kv heads fit one item (the 8-token and 1-token tiles and the decode: fused).
+  EXPECT_EQ(md->items.size(), 2u * (7 + 1 + 2) - 3);
   expect_complete(*md);
 
   PlanCase decode;
@@ -280,6 +294,50 @@ TEST(CpuPlan, PrefillsAreTiledAndDecodesSplitWhenThreadsLackWork) {
       EXPECT_GE(item.kv_begin, (2996 - 999) / 64 * 64);
     }
   }
+  expect_complete(*md);
+}
+
+// Many decodes (enough items for the threads): the KV heads of each request are fused into one
+// item, which then reads whole pages; too few requests keep one item per KV head (and split).
+TEST(CpuPlan, DecodeBatchesFuseTheKvHeadsOfARequest) {
+  PlanCase batch;
+  batch.num_heads = 32;
+  batch.num_kv_heads = 8;
+  batch.threads = 2;
+  for (int r = 0; r < 12; ++r) {
+    batch.query_lens.push_back(r == 5 ? 40 : 1);  // one short prefill: 40 * 4 * 8 rows > 128
+    batch.seq_lens.push_back(r == 5 ? 300 : 500 + 97 * r);
+  }
+  auto md = make_plan(batch);
+  int fused = 0, single = 0;
+  for (const WorkItem& item : md->items) {
+    if (item.num_kv_heads == 8) {
+      ++fused;
+      EXPECT_EQ(item.kv_head, 0);
+    } else {
+      EXPECT_EQ(item.num_kv_heads, 1);
+      EXPECT_EQ(item.req_begin, 5) << "only the prefill keeps per-head items";
+      ++single;
+    }
+  }
+  EXPECT_EQ(fused, 11);
+  EXPECT_EQ(single, 2 * 8);  // 40 tokens = 2 q tiles of 32 tokens, 8 kv heads
+  EXPECT_TRUE(md->merges.empty());
+  expect_complete(*md);
+
+  PlanCase few;  // 2 requests x 8 heads = 16 items; fused they would be 2 < 4 per thread
+  few.num_heads = 32;
+  few.num_kv_heads = 8;
+  few.threads = 2;
+  few.query_lens = {1, 1};
+  few.seq_lens = {900, 1200};
+  md = make_plan(few);
+  for (const WorkItem& item : md->items) EXPECT_EQ(item.num_kv_heads, 1);
+  expect_complete(*md);
+  few.threads = 1;  // one thread: always fused
+  md = make_plan(few);
+  ASSERT_EQ(md->items.size(), 2u);
+  for (const WorkItem& item : md->items) EXPECT_EQ(item.num_kv_heads, 8);
   expect_complete(*md);
 }
 

@@ -159,6 +159,44 @@ TEST_P(CpuIsa, LongDecodesSplitTheKeysAndMerge) {
   expect_matches(c, 13);
 }
 
+// Head-fused decode items (all KV heads of a request in one item): per-head fp8 scales, LSE,
+// sinks, HND and NHD layouts, a short prefill beside them, f16 activations on the f32 path.
+TEST_P(CpuIsa, DecodeBatchesWithFusedKvHeads) {
+  const EnvGuard threads("PAGEDATTN_NUM_THREADS", "2");
+  ConformanceCase c;
+  c.dtype = DType::bf16;
+  c.head_size = 64;
+  c.num_heads = 16;
+  c.num_kv_heads = 4;
+  c.return_lse = true;
+  c.sinks = true;
+  c.batch = {{130, 1}, {77, 1}, {0, 5}, {200, 1}, {16, 1}, {95, 2}, {64, 1}, {150, 1}, {33, 1}};
+  const conformance::CaseInputs inputs = conformance::make_inputs(c, 61);
+  conformance::PreparedRun run = conformance::prepare_run(cpu_backend(), Device::cpu, inputs);
+  const auto& md = dynamic_cast<const CpuAttentionMetadata&>(*run.step_metadata);
+  int fused = 0;
+  for (const WorkItem& item : md.items) fused += item.num_kv_heads == 4 ? 1 : 0;
+  EXPECT_GE(fused, 8) << "the decodes should be fused over their kv heads";
+  conformance::execute(run);
+  const ConformanceResult result = conformance::compare(
+      inputs, conformance::collect(run),
+      conformance::run_backend(conformance::reference(), Device::cpu, inputs));
+  EXPECT_TRUE(result.passed()) << result.describe();
+
+  c.kv_cache_dtype = "fp8_e4m3";
+  c.per_head_kv_scales = true;
+  c.layout = KVCacheLayout::HND;
+  c.soft_cap = 4.f;
+  expect_matches(c, 62);
+  c.kv_cache_dtype = "auto";
+  c.per_head_kv_scales = false;
+  c.dtype = DType::f16;
+  c.layout = KVCacheLayout::NHD;
+  c.sliding_window = 40;
+  c.alibi = true;
+  expect_matches(c, 63);
+}
+
 TEST_P(CpuIsa, CascadeGroupsReadTheSharedPrefixOnce) {
   ConformanceCase c;
   c.dtype = DType::bf16;

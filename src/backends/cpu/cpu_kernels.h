@@ -72,6 +72,12 @@ struct WorkItem {
   // group and writes partial rows at partial_base + split_index * rows + row.
   int32_t partial_base = -1;
   int32_t split_index = 0;
+  // Head-fused items (single request, final output rows only): KV heads
+  // [kv_head, kv_head + num_kv_heads). Row = head_block * rows_per_head + (token - tok_begin) * G
+  // + head_in_group, rows_per_head = (tok_end - tok_begin) * G. Each key tile is read for all
+  // those heads in turn, so the item streams whole pages (all heads of a token are contiguous in
+  // the NHD cache) instead of one 256-byte row per token and page.
+  int32_t num_kv_heads = 1;
   int64_t cost = 0;  // estimated multiply-adds, for ordering (largest first)
 };
 

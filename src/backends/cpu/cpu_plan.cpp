@@ -371,6 +371,58 @@ std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
       items = std::move(split_items);
       md->partial_rows_used = partial_rows;
     }
+    // Head fusion: the hkv items of one (request, token range) that write final rows become one
+    // item over all KV heads when its rows fit the scratch and the threads keep enough items. It
+    // reads each key tile for all heads in turn: whole contiguous pages instead of 256-byte runs.
+    const int64_t fused_rows_limit = ws.max_rows;
+    auto fusable = [&](size_t i) {
+      if (i + static_cast<size_t>(hkv) > items.size()) return false;
+      const WorkItem& first = items[i];
+      if (first.kv_head != 0 || first.partial_base >= 0 || first.prefix_len != 0 ||
+          first.req_end - first.req_begin != 1 ||
+          static_cast<int64_t>(first.tok_end - first.tok_begin) * group * hkv > fused_rows_limit) {
+        return false;
+      }
+      for (int g = 1; g < hkv; ++g) {
+        const WorkItem& other = items[i + g];
+        if (other.kv_head != g || other.partial_base >= 0 || other.req_begin != first.req_begin ||
+            other.tok_begin != first.tok_begin || other.tok_end != first.tok_end ||
+            other.kv_begin != first.kv_begin || other.kv_end != first.kv_end ||
+            other.prefix_len != 0) {
+          return false;
+        }
+      }
+      return true;
+    };
+    if (hkv > 1) {
+      int64_t fused_count = 0;
+      for (size_t i = 0; i < items.size();) {
+        if (fusable(i)) {
+          ++fused_count;
+          i += hkv;
+        } else {
+          ++i;
+        }
+      }
+      const int64_t after = static_cast<int64_t>(items.size()) - fused_count * (hkv - 1);
+      if (fused_count > 0 && (ws.num_threads == 1 || after >= target_items)) {
+        std::vector<WorkItem> fused;
+        fused.reserve(static_cast<size_t>(after));
+        for (size_t i = 0; i < items.size();) {
+          if (fusable(i)) {
+            WorkItem item = items[i];
+            item.num_kv_heads = hkv;
+            for (int g = 1; g < hkv; ++g) item.cost += items[i + g].cost;
+            fused.push_back(item);
+            i += hkv;
+          } else {
+            fused.push_back(items[i]);
+            ++i;
+          }
+        }
+        items = std::move(fused);
+      }
+    }
   }
   std::stable_sort(items.begin(), items.end(),
                    [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
