@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "backends/cpu/cpu_internal.h"
+#include "backends/host_backend_common.h"
 #include "pagedattn/error.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/ops.h"
@@ -19,28 +20,9 @@ namespace pagedattn {
 namespace cpu {
 namespace {
 
-constexpr const char* kKvCacheDtypes[] = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2",
-                                          "bfloat16", "float16", "float32"};
-
-bool is_activation_dtype(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
-}
-
-bool is_accepted_kv_cache_dtype(std::string_view s) {
-  for (const char* accepted : kKvCacheDtypes) {
-    if (s == accepted) return true;
-  }
-  return false;
-}
-
-std::string accepted_kv_cache_dtypes() {
-  std::string list;
-  for (const char* accepted : kKvCacheDtypes) {
-    if (!list.empty()) list += ", ";
-    list += accepted;
-  }
-  return list;
-}
+using host::accepted_kv_cache_dtypes;
+using host::is_accepted_kv_cache_dtype;
+using host::is_activation_dtype;
 
 bool is_fp8_kv_cache_dtype(std::string_view s) {
   return s == "fp8" || s == "fp8_e4m3" || s == "fp8_e5m2";
@@ -142,7 +124,7 @@ class CpuBackend final : public AttentionBackend {
     BackendCapabilities caps;
     caps.devices = {Device::cpu};
     caps.dtypes = {DType::f32, DType::f16, DType::bf16};
-    for (const char* s : kKvCacheDtypes) caps.kv_cache_dtypes.emplace_back(s);
+    caps.kv_cache_dtypes = host::kv_cache_dtype_names();
     for (int d = kHeadSizeMultiple; d <= kMaxHeadSize; d += kHeadSizeMultiple) caps.head_sizes.push_back(d);
     caps.attn_types = {AttentionType::decoder, AttentionType::encoder, AttentionType::encoder_only,
                        AttentionType::encoder_decoder};
@@ -294,44 +276,10 @@ void CpuAttentionImpl::do_kv_cache_update(const LayerScales& scales, const Tenso
                                           const AttentionMetadata& metadata) {
   const char* entry = "do_kv_cache_update";
   const CpuAttentionMetadata& md = checked_metadata(metadata, entry);
-  // encoder / encoder_only keep no cache (vLLM's do_kv_cache_update returns early for them).
-  if (!uses_kv_cache(params_.attn_type)) return;
-
-  const TensorView& slots = md.slot_mapping;  // (num_slots,) i64, host
-  const int64_t* slot = slots.data_as<const int64_t>();
-  const int64_t num_slots = slots.size(0);
-  if (!key.defined() && !value.defined()) {
-    // Nothing to write (cross-attention after the encoder step): every slot must be -1.
-    for (int64_t i = 0; i < num_slots; ++i) {
-      PAGEDATTN_CHECK(slot[i] == -1, "key", "CPU do_kv_cache_update: key/value are not given but "
-                      "slot_mapping[", i, "] = ", slot[i], " asks for a token to be written");
-    }
-    return;
-  }
-  PAGEDATTN_CHECK(key.defined() && value.defined(), key.defined() ? "value" : "key",
-                  "CPU do_kv_cache_update: key and value must be given together");
-  check_kv_cache(kv_cache, md, entry);
-  check_scales(scales, entry);
-  const DType activation[] = {params_.dtype};
-  for (const auto& [t, arg, dim] : {std::tuple{&key, "key", params_.head_size},
-                                    std::tuple{&value, "value", params_.value_head_size()}}) {
-    check_device(*t, arg, Device::cpu);
-    check_dtype(*t, arg, activation);
-    check_ndim(*t, arg, 3);
-    PAGEDATTN_CHECK(t->size(0) == key.size(0) && t->size(1) == params_.kv_heads() && t->size(2) == dim,
-                    arg, "CPU do_kv_cache_update: ", arg, " has shape ", t->shape().str(),
-                    ": expected (", key.size(0), ", ", params_.kv_heads(), ", ", dim, ")");
-  }
-  const int64_t num_rows = key.size(0);
-  for (int64_t i = num_rows; i < num_slots; ++i) {
-    PAGEDATTN_CHECK(slot[i] == -1, "key", "CPU do_kv_cache_update: key has ", num_rows,
-                    " rows but slot_mapping[", i, "] = ", slot[i], " asks for row ", i);
-  }
-  const TensorView live_slots = slots.narrow(0, 0, std::min(num_rows, num_slots));
-  const KVCacheViews views = split_kv_cache(kv_cache, params_.head_size, params_.value_head_size());
-  // The op checks every slot before it writes a byte (the cache stays untouched on error).
-  reshape_and_cache_flash(key, value, views.key_cache, views.value_cache, live_slots,
-                          params_.kv_cache_dtype, scales);
+  host::write_step_kv_cache(params_, scales, key, value, kv_cache, md.slot_mapping, "CPU", [&] {
+    check_kv_cache(kv_cache, md, entry);
+    check_scales(scales, entry);
+  });
 }
 
 void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& query,
