@@ -1,6 +1,8 @@
 #include "backends/host_backend_common.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <tuple>
 
 #include "pagedattn/error.h"
@@ -33,6 +35,28 @@ std::string accepted_kv_cache_dtypes() {
 
 std::vector<std::string> kv_cache_dtype_names() {
   return {std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes)};
+}
+
+void check_layer_scales(const AttentionImplParams& params, DType cache_dtype,
+                        const LayerScales& scales, std::string_view who, std::string_view entry) {
+  const DType f32[] = {DType::f32};
+  const std::pair<const TensorView*, const char*> per_head[] = {
+      {&scales.k_scale_per_head, "scales.k_scale_per_head"},
+      {&scales.v_scale_per_head, "scales.v_scale_per_head"}};
+  for (const auto& [t, arg] : per_head) {
+    if (!t->defined()) continue;
+    check_device(*t, arg, Device::cpu);
+    check_dtype(*t, arg, f32);
+    check_shape(*t, arg, Shape{params.kv_heads()});
+  }
+  if (is_fp8(cache_dtype)) {
+    PAGEDATTN_CHECK(std::isfinite(scales.k_scale) && scales.k_scale > 0.f, "scales.k_scale", who,
+                    " ", entry, ": k_scale = ", scales.k_scale,
+                    " must be a positive finite number for an fp8 cache");
+    PAGEDATTN_CHECK(std::isfinite(scales.v_scale) && scales.v_scale > 0.f, "scales.v_scale", who,
+                    " ", entry, ": v_scale = ", scales.v_scale,
+                    " must be a positive finite number for an fp8 cache");
+  }
 }
 
 void write_step_kv_cache(const AttentionImplParams& params, const LayerScales& scales,

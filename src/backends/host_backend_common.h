@@ -18,6 +18,12 @@ bool is_accepted_kv_cache_dtype(std::string_view kv_cache_dtype);
 std::string accepted_kv_cache_dtypes();  // the list above, comma separated
 std::vector<std::string> kv_cache_dtype_names();  // the list above
 
+// Layer scales of a host impl: per-head scales f32 (num_kv_heads,) on the host when given;
+// per-tensor k/v scales positive and finite when the cache is fp8. `who` + `entry` prefix
+// messages ("CPU forward: ...").
+void check_layer_scales(const AttentionImplParams& params, DType cache_dtype,
+                        const LayerScales& scales, std::string_view who, std::string_view entry);
+
 // do_kv_cache_update of a standard 5-D host cache (kv_cache.h) for a step whose host slot
 // mapping is `slots` ((num_slots,) i64): encoder types write nothing; key/value not given means
 // every slot must be -1 (cross-attention after the encoder step); slots past key's rows must be

@@ -251,24 +251,7 @@ void ReferenceAttentionImpl::check_kv_cache(const TensorView& kv_cache,
 }
 
 void ReferenceAttentionImpl::check_scales(const LayerScales& scales, std::string_view entry) const {
-  const DType f32[] = {DType::f32};
-  const std::pair<const TensorView*, const char*> per_head[] = {
-      {&scales.k_scale_per_head, "scales.k_scale_per_head"},
-      {&scales.v_scale_per_head, "scales.v_scale_per_head"}};
-  for (const auto& [t, arg] : per_head) {
-    if (!t->defined()) continue;
-    check_device(*t, arg, Device::cpu);
-    check_dtype(*t, arg, f32);
-    check_shape(*t, arg, Shape{params_.kv_heads()});
-  }
-  if (is_fp8(cache_dtype_)) {
-    PAGEDATTN_CHECK(std::isfinite(scales.k_scale) && scales.k_scale > 0.f, "scales.k_scale",
-                    "REFERENCE ", entry, ": k_scale = ", scales.k_scale,
-                    " must be a positive finite number for an fp8 cache");
-    PAGEDATTN_CHECK(std::isfinite(scales.v_scale) && scales.v_scale > 0.f, "scales.v_scale",
-                    "REFERENCE ", entry, ": v_scale = ", scales.v_scale,
-                    " must be a positive finite number for an fp8 cache");
-  }
+  host::check_layer_scales(params_, cache_dtype_, scales, "REFERENCE", entry);
 }
 
 // ---- cache write ------------------------------------------------------------------------------
