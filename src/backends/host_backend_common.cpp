@@ -11,6 +11,11 @@
 
 namespace pagedattn::host {
 namespace {
+int64_t read_index(const TensorView& t, int64_t i) {  // i32 or i64 (validated), host
+  const int64_t at = i * t.stride(0);
+  return t.dtype() == DType::i64 ? t.data_as<const int64_t>()[at] : t.data_as<const int32_t>()[at];
+}
+
 constexpr const char* kKvCacheDtypes[] = {"auto",     "fp8",     "fp8_e4m3", "fp8_e5m2",
                                           "bfloat16", "float16", "float32"};
 }  // namespace
@@ -99,6 +104,104 @@ void write_step_kv_cache(const AttentionImplParams& params, const LayerScales& s
   // The op checks every slot before it writes a byte (the cache stays untouched on error).
   reshape_and_cache_flash(key, value, views.key_cache, views.value_cache, live_slots,
                           params.kv_cache_dtype, scales);
+}
+
+void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
+                          const CommonAttentionMetadata& common, const KVCacheSpec& spec,
+                          const BuilderConfig& config, std::string_view who) {
+  PAGEDATTN_CHECK(common_prefix_len >= 0, "common_prefix_len", who,
+                  "common_prefix_len = ", common_prefix_len, " must be >= 0");
+  common.validate(-1, spec.block_size);
+  // A host builder reads every array on the host.
+  check_device(common.query_start_loc, "common.query_start_loc", Device::cpu);
+  check_device(common.seq_lens, "common.seq_lens", Device::cpu);
+  check_device(common.block_table_tensor, "common.block_table_tensor", Device::cpu);
+  check_device(common.slot_mapping, "common.slot_mapping", Device::cpu);
+
+  const AttentionType type = config.attn_type;
+  const int num_reqs = common.num_reqs;
+  PAGEDATTN_CHECK(num_reqs <= config.max_num_seqs, "common.num_reqs", who, "num_reqs = ", num_reqs,
+                  " exceeds the builder's max_num_seqs = ", config.max_num_seqs);
+  PAGEDATTN_CHECK(
+      common.num_actual_tokens <= config.max_num_batched_tokens, "common.num_actual_tokens", who,
+      "num_actual_tokens = ", common.num_actual_tokens,
+      " exceeds the builder's max_num_batched_tokens = ", config.max_num_batched_tokens);
+  if (type != AttentionType::encoder_decoder) {
+    PAGEDATTN_CHECK(common.max_seq_len <= config.max_model_len, "common.max_seq_len", who,
+                    "max_seq_len = ", common.max_seq_len,
+                    " exceeds the builder's max_model_len = ", config.max_model_len);
+  }
+
+  plan.num_actual_tokens = common.num_actual_tokens;
+  plan.num_reqs = num_reqs;
+  plan.attn_type = type;
+  plan.causal = type == AttentionType::decoder && common.causal;
+  plan.block_size = spec.block_size;
+  plan.max_query_len = common.max_query_len;
+  plan.max_seq_len = common.max_seq_len;
+  plan.query_start_loc.resize(static_cast<size_t>(num_reqs) + 1);
+  plan.seq_lens.resize(static_cast<size_t>(num_reqs));
+  for (int r = 0; r <= num_reqs; ++r)
+    plan.query_start_loc[r] = static_cast<int32_t>(read_index(common.query_start_loc_cpu, r));
+  for (int r = 0; r < num_reqs; ++r)
+    plan.seq_lens[r] = static_cast<int32_t>(read_index(common.seq_lens_cpu, r));
+
+  if (!uses_kv_cache(type)) {
+    for (int r = 0; r < num_reqs; ++r) {
+      PAGEDATTN_CHECK(plan.seq_lens[r] == plan.query_len(r), "common.seq_lens", who, "seq_lens[", r,
+                      "] = ", plan.seq_lens[r], " must equal the query length ", plan.query_len(r),
+                      " for attn_type = ", attention_type_name(type), " (no KV cache)");
+    }
+  } else {
+    const TensorView& bt = common.block_table_tensor;  // (>= num_reqs, cols) i32
+    const int cols = static_cast<int>(bt.size(1));
+    const int64_t needed = (static_cast<int64_t>(plan.max_seq_len) + spec.block_size - 1) /
+                           spec.block_size;
+    PAGEDATTN_CHECK(num_reqs == 0 || needed <= cols, "common.block_table_tensor", who,
+                    "block_table_tensor has ", cols, " columns: max_seq_len = ", plan.max_seq_len,
+                    " with block_size = ", spec.block_size, " needs ", needed);
+    plan.block_table_cols = cols;
+    plan.block_table.resize(static_cast<size_t>(num_reqs) * cols);
+    const int32_t* base = bt.data_as<const int32_t>();
+    for (int r = 0; r < num_reqs; ++r) {
+      for (int c = 0; c < cols; ++c) {
+        plan.block_table[static_cast<size_t>(r) * cols + c] =
+            base[r * bt.stride(0) + c * bt.stride(1)];
+      }
+    }
+  }
+
+  const int64_t num_slots = type == AttentionType::encoder_decoder ? common.slot_mapping.size(0)
+                                                                   : common.num_actual_tokens;
+  plan.slot_mapping_storage = Tensor(Shape{num_slots}, DType::i64, Device::cpu);
+  int64_t* slots = plan.slot_mapping_storage.data_as<int64_t>();
+  for (int64_t i = 0; i < num_slots; ++i) slots[i] = read_index(common.slot_mapping, i);
+  plan.slot_mapping = plan.slot_mapping_storage.view();
+
+  const bool cascade_allowed = type == AttentionType::decoder && plan.causal &&
+                               !config.sliding_window && !config.use_alibi && num_reqs > 0;
+  if (common_prefix_len > 0 && cascade_allowed) {
+    PAGEDATTN_CHECK(common_prefix_len % spec.block_size == 0, "common_prefix_len", who,
+                    "common_prefix_len = ", common_prefix_len,
+                    " must be a multiple of block_size = ", spec.block_size);
+    const int prefix_blocks = common_prefix_len / spec.block_size;
+    for (int r = 0; r < num_reqs; ++r) {
+      const int computed = plan.seq_lens[r] - plan.query_len(r);
+      PAGEDATTN_CHECK(common_prefix_len <= computed, "common_prefix_len", who,
+                      "common_prefix_len = ", common_prefix_len,
+                      " exceeds num_computed_tokens = ", computed, " of request ", r,
+                      ": the common prefix must be cached for every request");
+      for (int b = 0; b < prefix_blocks; ++b) {
+        PAGEDATTN_CHECK(plan.block_row(r)[b] == plan.block_row(0)[b], "common_prefix_len", who,
+                        "common_prefix_len = ", common_prefix_len, " spans block column ", b,
+                        " but request ", r, " has block ", plan.block_row(r)[b],
+                        " there and request 0 has ", plan.block_row(0)[b],
+                        ": the prefix blocks must be shared");
+      }
+    }
+    plan.use_cascade = true;
+    plan.common_prefix_len = common_prefix_len;
+  }
 }
 
 }  // namespace pagedattn::host

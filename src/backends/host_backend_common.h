@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,5 +36,37 @@ void write_step_kv_cache(const AttentionImplParams& params, const LayerScales& s
                          const TensorView& key, const TensorView& value,
                          const TensorView& kv_cache, const TensorView& slots, std::string_view who,
                          const std::function<void()>& check_cache_and_scales);
+
+// The host part of a plan, common to the host backends: every host array the run needs is
+// COPIED here by build(), so the plan stays valid (and unchanged) when the caller reuses or
+// frees its CommonAttentionMetadata.
+struct HostBatchPlan : AttentionMetadata {
+  AttentionType attn_type = AttentionType::decoder;
+  bool causal = true;        // decoder only: common.causal (vLLM honours it); others: false
+  int block_size = 0;        // tokens per cache block (the spec's)
+  int block_table_cols = 0;  // columns of block_table
+  int max_query_len = 0;
+  int max_seq_len = 0;
+  std::vector<int32_t> query_start_loc;  // (num_reqs + 1,)
+  std::vector<int32_t> seq_lens;         // (num_reqs,)
+  std::vector<int32_t> block_table;      // (num_reqs, block_table_cols) row-major; empty for the
+                                         // no-cache types (encoder, encoder_only)
+  Tensor slot_mapping_storage;  // (num_slots,) i64; AttentionMetadata::slot_mapping views it
+
+  int query_len(int req) const { return query_start_loc[req + 1] - query_start_loc[req]; }
+  const int32_t* block_row(int req) const {
+    return block_table.data() + static_cast<int64_t>(req) * block_table_cols;
+  }
+};
+
+// build() of a host backend up to its own planning: validates `common` (host tensors, the
+// builder's limits), copies the arrays into `plan`, keeps the slots written this step (the
+// first num_actual_tokens; all of them for cross-attention, whose slots map encoder tokens),
+// and decides cascade: common_prefix_len > 0 && causal decoder && no window && no ALiBi, with
+// the prefix a multiple of block_size, cached for every request and on blocks every request
+// shares (else an Error naming common_prefix_len). `who` prefixes messages ("CPU build: ").
+void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
+                          const CommonAttentionMetadata& common, const KVCacheSpec& spec,
+                          const BuilderConfig& config, std::string_view who);
 
 }  // namespace pagedattn::host

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu_kernels.h"
+#include "../host_backend_common.h"
 #include "pagedattn/backend.h"
 #include "pagedattn/tensor.h"
 
@@ -44,23 +45,13 @@ struct CpuWorkspace {
 };
 
 // The plan: every host array the run needs is copied here by build().
-struct CpuAttentionMetadata final : AttentionMetadata {
-  AttentionType attn_type = AttentionType::decoder;
-  bool causal = true;
-  int block_size = 0;
-  int block_table_cols = 0;
+struct CpuAttentionMetadata final : host::HostBatchPlan {
   int num_heads = 0, num_kv_heads = 0, head_size = 0, head_size_v = 0;
-  std::vector<int32_t> query_start_loc;  // (num_reqs + 1,)
-  std::vector<int32_t> seq_lens;         // (num_reqs,)
   std::vector<int32_t> first_query_pos;  // (num_reqs,) position of each request's first query
-  std::vector<int32_t> block_table;      // (num_reqs, block_table_cols); empty without a cache
-  Tensor slot_mapping_storage;           // AttentionMetadata::slot_mapping views it
   std::vector<WorkItem> items;           // largest first
   std::vector<MergeTask> merges;
   int64_t partial_rows_used = 0;
   std::shared_ptr<CpuWorkspace> workspace;
-
-  int query_len(int req) const { return query_start_loc[req + 1] - query_start_loc[req]; }
 };
 
 class CpuMetadataBuilder final : public AttentionMetadataBuilder {

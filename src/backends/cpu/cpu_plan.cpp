@@ -30,13 +30,6 @@ constexpr const char* kThreadsEnv = "PAGEDATTN_NUM_THREADS";
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int32_t read_i32(const TensorView& t, int64_t i) { return t.data_as<const int32_t>()[i * t.stride(0)]; }
-
-int64_t read_index(const TensorView& t, int64_t i) {
-  if (t.dtype() == DType::i64) return t.data_as<const int64_t>()[i * t.stride(0)];
-  return t.data_as<const int32_t>()[i * t.stride(0)];
-}
-
 // Visible key range [lo, hi) of a query at `pos` (mirrors the kernel's row setup).
 struct KeyRange {
   int lo = 0, hi = 0;
@@ -123,105 +116,19 @@ CpuMetadataBuilder::CpuMetadataBuilder(KVCacheSpec spec, BuilderConfig config)
 std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
     int common_prefix_len, const CommonAttentionMetadata& common, bool /*fast_build*/) {
   const char* who = "CPU build: ";
-  PAGEDATTN_CHECK(common_prefix_len >= 0, "common_prefix_len", who, "common_prefix_len = ",
-                  common_prefix_len, " must be >= 0");
-  common.validate(-1, spec_.block_size);
-  check_device(common.query_start_loc, "common.query_start_loc", Device::cpu);
-  check_device(common.seq_lens, "common.seq_lens", Device::cpu);
-  check_device(common.block_table_tensor, "common.block_table_tensor", Device::cpu);
-  check_device(common.slot_mapping, "common.slot_mapping", Device::cpu);
-
+  auto md = std::make_shared<CpuAttentionMetadata>();
+  host::fill_host_batch_plan(*md, common_prefix_len, common, spec_, config_, who);
   const AttentionType type = config_.attn_type;
   const bool cached = uses_kv_cache(type);
   const int num_reqs = common.num_reqs;
-  PAGEDATTN_CHECK(num_reqs <= config_.max_num_seqs, "common.num_reqs", who, "num_reqs = ",
-                  num_reqs, " exceeds the builder's max_num_seqs = ", config_.max_num_seqs);
-  PAGEDATTN_CHECK(common.num_actual_tokens <= config_.max_num_batched_tokens,
-                  "common.num_actual_tokens", who, "num_actual_tokens = ", common.num_actual_tokens,
-                  " exceeds the builder's max_num_batched_tokens = ", config_.max_num_batched_tokens);
-  if (type != AttentionType::encoder_decoder) {
-    PAGEDATTN_CHECK(common.max_seq_len <= config_.max_model_len, "common.max_seq_len", who,
-                    "max_seq_len = ", common.max_seq_len, " exceeds the builder's max_model_len = ",
-                    config_.max_model_len);
-  }
-
-  auto md = std::make_shared<CpuAttentionMetadata>();
-  md->num_actual_tokens = common.num_actual_tokens;
-  md->num_reqs = num_reqs;
-  md->attn_type = type;
-  md->causal = type == AttentionType::decoder && common.causal;
-  md->block_size = spec_.block_size;
   md->num_heads = config_.num_heads;
   md->num_kv_heads = config_.num_kv_heads;
   md->head_size = config_.head_size;
   md->head_size_v = config_.head_size_v;
   md->workspace = workspace_;
-  md->query_start_loc.resize(static_cast<size_t>(num_reqs) + 1);
-  md->seq_lens.resize(static_cast<size_t>(num_reqs));
   md->first_query_pos.resize(static_cast<size_t>(num_reqs));
-  for (int r = 0; r <= num_reqs; ++r) md->query_start_loc[r] = read_i32(common.query_start_loc_cpu, r);
   for (int r = 0; r < num_reqs; ++r) {
-    md->seq_lens[r] = read_i32(common.seq_lens_cpu, r);
     md->first_query_pos[r] = cached ? md->seq_lens[r] - md->query_len(r) : 0;
-  }
-  if (!cached) {
-    for (int r = 0; r < num_reqs; ++r) {
-      PAGEDATTN_CHECK(md->seq_lens[r] == md->query_len(r), "common.seq_lens", who, "seq_lens[", r,
-                      "] = ", md->seq_lens[r], " must equal the query length ", md->query_len(r),
-                      " for attn_type = ", attention_type_name(type), " (no KV cache)");
-    }
-  } else {
-    const TensorView& bt = common.block_table_tensor;  // (>= num_reqs, cols) i32
-    const int cols = static_cast<int>(bt.size(1));
-    const int64_t needed = cdiv(common.max_seq_len, spec_.block_size);
-    PAGEDATTN_CHECK(num_reqs == 0 || needed <= cols, "common.block_table_tensor", who,
-                    "block_table_tensor has ", cols, " columns: max_seq_len = ", common.max_seq_len,
-                    " with block_size = ", spec_.block_size, " needs ", needed);
-    md->block_table_cols = cols;
-    md->block_table.resize(static_cast<size_t>(num_reqs) * cols);
-    const int32_t* base = bt.data_as<const int32_t>();
-    for (int r = 0; r < num_reqs; ++r) {
-      for (int c = 0; c < cols; ++c) {
-        md->block_table[static_cast<size_t>(r) * cols + c] = base[r * bt.stride(0) + c * bt.stride(1)];
-      }
-    }
-  }
-
-  // Slots written this step: the first num_actual_tokens for self-attention; all of them for
-  // cross-attention (they map encoder tokens).
-  const int64_t num_slots = type == AttentionType::encoder_decoder ? common.slot_mapping.size(0)
-                                                                   : common.num_actual_tokens;
-  md->slot_mapping_storage = Tensor(Shape{num_slots}, DType::i64, Device::cpu);
-  int64_t* slots = md->slot_mapping_storage.data_as<int64_t>();
-  for (int64_t i = 0; i < num_slots; ++i) slots[i] = read_index(common.slot_mapping, i);
-  md->slot_mapping = md->slot_mapping_storage.view();
-
-  // Cascade: the same rule as the REFERENCE (decoder, causal, no window, no ALiBi); the prefix
-  // must be cached for every request and its blocks shared.
-  const bool cascade_allowed = type == AttentionType::decoder && md->causal &&
-                               !config_.sliding_window && !config_.use_alibi && num_reqs > 0;
-  if (common_prefix_len > 0 && cascade_allowed) {
-    PAGEDATTN_CHECK(common_prefix_len % spec_.block_size == 0, "common_prefix_len", who,
-                    "common_prefix_len = ", common_prefix_len,
-                    " must be a multiple of block_size = ", spec_.block_size);
-    const int prefix_blocks = common_prefix_len / spec_.block_size;
-    const int cols = md->block_table_cols;
-    for (int r = 0; r < num_reqs; ++r) {
-      const int computed = md->seq_lens[r] - md->query_len(r);
-      PAGEDATTN_CHECK(common_prefix_len <= computed, "common_prefix_len", who,
-                      "common_prefix_len = ", common_prefix_len, " exceeds num_computed_tokens = ",
-                      computed, " of request ", r, ": the common prefix must be cached for every request");
-      for (int b = 0; b < prefix_blocks; ++b) {
-        const int32_t mine = md->block_table[static_cast<size_t>(r) * cols + b];
-        const int32_t first = md->block_table[b];
-        PAGEDATTN_CHECK(mine == first, "common_prefix_len", who, "common_prefix_len = ",
-                        common_prefix_len, " spans block column ", b, " but request ", r,
-                        " has block ", mine, " there and request 0 has ", first,
-                        ": the prefix blocks must be shared");
-      }
-    }
-    md->use_cascade = true;
-    md->common_prefix_len = common_prefix_len;
   }
 
   // ---- work items --------------------------------------------------------------------------

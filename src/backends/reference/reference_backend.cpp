@@ -19,15 +19,6 @@ using host::accepted_kv_cache_dtypes;
 using host::is_accepted_kv_cache_dtype;
 using host::is_activation_dtype;
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Reads element i of a 1-D int tensor on the host (any stride).
-int64_t load_index(const TensorView& t, int64_t i) {
-  const int64_t offset = i * t.stride(0);
-  if (t.dtype() == DType::i64) return t.data_as<const int64_t>()[offset];
-  return t.data_as<const int32_t>()[offset];
-}
-
 class ReferenceBackend final : public AttentionBackend {
  public:
   std::string_view name() const override { return "REFERENCE"; }
@@ -195,104 +186,8 @@ ReferenceMetadataBuilder::ReferenceMetadataBuilder(KVCacheSpec spec, BuilderConf
 
 std::shared_ptr<const AttentionMetadata> ReferenceMetadataBuilder::build(
     int common_prefix_len, const CommonAttentionMetadata& common, bool /*fast_build*/) {
-  const char* who = "REFERENCE build: ";
-  PAGEDATTN_CHECK(common_prefix_len >= 0, "common_prefix_len", who,
-                  "common_prefix_len = ", common_prefix_len, " must be >= 0");
-  common.validate(-1, spec_.block_size);
-  // A CPU builder reads every array on the host.
-  check_device(common.query_start_loc, "common.query_start_loc", Device::cpu);
-  check_device(common.seq_lens, "common.seq_lens", Device::cpu);
-  check_device(common.block_table_tensor, "common.block_table_tensor", Device::cpu);
-  check_device(common.slot_mapping, "common.slot_mapping", Device::cpu);
-
-  const AttentionType type = config_.attn_type;
-  const bool cached = uses_kv_cache(type);
-  const int num_reqs = common.num_reqs;
-  PAGEDATTN_CHECK(num_reqs <= config_.max_num_seqs, "common.num_reqs", who, "num_reqs = ", num_reqs,
-                  " exceeds the builder's max_num_seqs = ", config_.max_num_seqs);
-  PAGEDATTN_CHECK(
-      common.num_actual_tokens <= config_.max_num_batched_tokens, "common.num_actual_tokens", who,
-      "num_actual_tokens = ", common.num_actual_tokens,
-      " exceeds the builder's max_num_batched_tokens = ", config_.max_num_batched_tokens);
-  if (type != AttentionType::encoder_decoder) {
-    PAGEDATTN_CHECK(common.max_seq_len <= config_.max_model_len, "common.max_seq_len", who,
-                    "max_seq_len = ", common.max_seq_len,
-                    " exceeds the builder's max_model_len = ", config_.max_model_len);
-  }
-
   auto md = std::make_shared<ReferenceAttentionMetadata>();
-  md->num_actual_tokens = common.num_actual_tokens;
-  md->num_reqs = num_reqs;
-  md->attn_type = type;
-  md->causal = type == AttentionType::decoder && common.causal;
-  md->block_size = spec_.block_size;
-  md->max_query_len = common.max_query_len;
-  md->max_seq_len = common.max_seq_len;
-  md->query_start_loc.resize(static_cast<size_t>(num_reqs) + 1);
-  md->seq_lens.resize(static_cast<size_t>(num_reqs));
-  for (int r = 0; r <= num_reqs; ++r)
-    md->query_start_loc[r] = static_cast<int32_t>(load_index(common.query_start_loc_cpu, r));
-  for (int r = 0; r < num_reqs; ++r)
-    md->seq_lens[r] = static_cast<int32_t>(load_index(common.seq_lens_cpu, r));
-
-  if (!cached) {
-    for (int r = 0; r < num_reqs; ++r) {
-      PAGEDATTN_CHECK(md->seq_lens[r] == md->query_len(r), "common.seq_lens", who, "seq_lens[", r,
-                      "] = ", md->seq_lens[r], " must equal the query length ", md->query_len(r),
-                      " for attn_type = ", attention_type_name(type), " (no KV cache)");
-    }
-  } else {
-    const TensorView& bt = common.block_table_tensor;  // (>= num_reqs, cols) i32
-    const int cols = static_cast<int>(bt.size(1));
-    const int64_t needed = cdiv(md->max_seq_len, spec_.block_size);
-    PAGEDATTN_CHECK(num_reqs == 0 || needed <= cols, "common.block_table_tensor", who,
-                    "block_table_tensor has ", cols, " columns: max_seq_len = ", md->max_seq_len,
-                    " with block_size = ", spec_.block_size, " needs ", needed);
-    md->block_table_cols = cols;
-    md->block_table.resize(static_cast<size_t>(num_reqs) * cols);
-    const int32_t* base = bt.data_as<const int32_t>();
-    for (int r = 0; r < num_reqs; ++r) {
-      for (int c = 0; c < cols; ++c) {
-        md->block_table[static_cast<size_t>(r) * cols + c] =
-            base[r * bt.stride(0) + c * bt.stride(1)];
-      }
-    }
-  }
-
-  // Slots written this step: the first num_actual_tokens for self-attention; for cross-attention
-  // the slots map encoder tokens (their count is not num_actual_tokens), so all are kept.
-  const int64_t num_slots = type == AttentionType::encoder_decoder ? common.slot_mapping.size(0)
-                                                                   : common.num_actual_tokens;
-  md->slot_mapping_storage = Tensor(Shape{num_slots}, DType::i64, Device::cpu);
-  int64_t* slots = md->slot_mapping_storage.data_as<int64_t>();
-  for (int64_t i = 0; i < num_slots; ++i) slots[i] = load_index(common.slot_mapping, i);
-  md->slot_mapping = md->slot_mapping_storage.view();
-
-  // Cascade (see the class comment). A prefix the plan cannot use is ignored (plain path).
-  const bool cascade_allowed = type == AttentionType::decoder && md->causal &&
-                               !config_.sliding_window && !config_.use_alibi && num_reqs > 0;
-  if (common_prefix_len > 0 && cascade_allowed) {
-    PAGEDATTN_CHECK(common_prefix_len % spec_.block_size == 0, "common_prefix_len", who,
-                    "common_prefix_len = ", common_prefix_len,
-                    " must be a multiple of block_size = ", spec_.block_size);
-    const int prefix_blocks = common_prefix_len / spec_.block_size;
-    for (int r = 0; r < num_reqs; ++r) {
-      const int computed = md->seq_lens[r] - md->query_len(r);
-      PAGEDATTN_CHECK(common_prefix_len <= computed, "common_prefix_len", who,
-                      "common_prefix_len = ", common_prefix_len,
-                      " exceeds num_computed_tokens = ", computed, " of request ", r,
-                      ": the common prefix must be cached for every request");
-      for (int b = 0; b < prefix_blocks; ++b) {
-        PAGEDATTN_CHECK(md->block_row(r)[b] == md->block_row(0)[b], "common_prefix_len", who,
-                        "common_prefix_len = ", common_prefix_len, " spans block column ", b,
-                        " but request ", r, " has block ", md->block_row(r)[b],
-                        " there and request 0 has ", md->block_row(0)[b],
-                        ": the prefix blocks must be shared");
-      }
-    }
-    md->use_cascade = true;
-    md->common_prefix_len = common_prefix_len;
-  }
+  host::fill_host_batch_plan(*md, common_prefix_len, common, spec_, config_, "REFERENCE build: ");
   return md;
 }
 

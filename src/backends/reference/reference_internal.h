@@ -15,26 +15,8 @@ namespace pagedattn::reference {
 
 inline constexpr int kMaxHeadSize = 1024;
 
-// The plan. Every host array the run needs is COPIED here by build(), so the plan stays valid
-// (and unchanged) when the caller reuses or frees its CommonAttentionMetadata.
-struct ReferenceAttentionMetadata final : AttentionMetadata {
-  AttentionType attn_type = AttentionType::decoder;
-  bool causal = true;        // decoder only: common.causal (vLLM honours it); others: false
-  int block_size = 0;        // tokens per cache block (the spec's)
-  int block_table_cols = 0;  // columns of block_table
-  int max_query_len = 0;
-  int max_seq_len = 0;
-  std::vector<int32_t> query_start_loc;  // (num_reqs + 1,)
-  std::vector<int32_t> seq_lens;         // (num_reqs,)
-  std::vector<int32_t> block_table;      // (num_reqs, block_table_cols) row-major; empty for the
-                                         // no-cache types (encoder, encoder_only)
-  Tensor slot_mapping_storage;  // (num_slots,) i64; AttentionMetadata::slot_mapping views it
-
-  int query_len(int req) const { return query_start_loc[req + 1] - query_start_loc[req]; }
-  const int32_t* block_row(int req) const {
-    return block_table.data() + static_cast<int64_t>(req) * block_table_cols;
-  }
-};
+// The plan: the host arrays only (host_backend_common.h); the reference needs nothing more.
+struct ReferenceAttentionMetadata final : host::HostBatchPlan {};
 
 class ReferenceMetadataBuilder final : public AttentionMetadataBuilder {
  public:
