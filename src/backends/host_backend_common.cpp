@@ -42,6 +42,45 @@ std::vector<std::string> kv_cache_dtype_names() {
   return {std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes)};
 }
 
+void add_host_selector_reasons(const SelectorConfig& config, std::string_view who,
+                               std::vector<std::string>& reasons) {
+  if (config.device != Device::cpu) {
+    reasons.push_back(detail::concat("device = ", device_name(config.device),
+                                     " is not supported: the ", who, " backend runs on the cpu only."));
+  }
+  if (config.use_sparse) {
+    reasons.push_back(detail::concat("use_sparse = true is not supported: the ", who,
+                                     " backend computes dense attention only."));
+  }
+  if (!is_activation_dtype(config.dtype)) {
+    reasons.push_back(detail::concat("dtype = ", dtype_name(config.dtype),
+                                     " is not supported: the ", who,
+                                     " backend supports float32, float16 and bfloat16 activations."));
+  }
+  if (!is_accepted_kv_cache_dtype(config.kv_cache_dtype)) {
+    reasons.push_back(detail::concat("kv_cache_dtype = '", config.kv_cache_dtype,
+                                     "' is not supported: expected one of ",
+                                     accepted_kv_cache_dtypes(), "."));
+  }
+}
+
+void check_standard_kv_cache(const AttentionImplParams& params, DType cache_dtype,
+                             const TensorView& kv_cache, int block_size, std::string_view who,
+                             std::string_view entry) {
+  const int64_t cache_head_size = std::max(params.head_size, params.value_head_size());
+  PAGEDATTN_CHECK(kv_cache.defined(), "kv_cache", who, " ", entry,
+                  ": kv_cache is required for attn_type = ", attention_type_name(params.attn_type));
+  check_device(kv_cache, "kv_cache", Device::cpu);
+  check_ndim(kv_cache, "kv_cache", 5);
+  const DType expected[] = {cache_dtype};
+  check_dtype(kv_cache, "kv_cache", expected);
+  PAGEDATTN_CHECK(kv_cache.size(0) == 2 && kv_cache.size(2) == block_size &&
+                      kv_cache.size(3) == params.kv_heads() && kv_cache.size(4) == cache_head_size,
+                  "kv_cache", who, " ", entry, ": kv_cache has shape ", kv_cache.shape().str(),
+                  ": expected (2, num_blocks, ", block_size, ", ", params.kv_heads(), ", ",
+                  cache_head_size, ")");
+}
+
 void check_layer_scales(const AttentionImplParams& params, DType cache_dtype,
                         const LayerScales& scales, std::string_view who, std::string_view entry) {
   const DType f32[] = {DType::f32};

@@ -19,6 +19,17 @@ bool is_accepted_kv_cache_dtype(std::string_view kv_cache_dtype);
 std::string accepted_kv_cache_dtypes();  // the list above, comma separated
 std::vector<std::string> kv_cache_dtype_names();  // the list above
 
+// The selector reasons every host backend shares: device must be cpu, no sparse attention,
+// f32/f16/bf16 activations, a known kv_cache_dtype. Appends full sentences naming `who`.
+void add_host_selector_reasons(const SelectorConfig& config, std::string_view who,
+                               std::vector<std::string>& reasons);
+
+// The standard 5-D cache a host impl reads: defined, on the host, `cache_dtype`, shape
+// (2, num_blocks, block_size, Hkv, max(D, Dv)). `who` + `entry` prefix messages.
+void check_standard_kv_cache(const AttentionImplParams& params, DType cache_dtype,
+                             const TensorView& kv_cache, int block_size, std::string_view who,
+                             std::string_view entry);
+
 // Layer scales of a host impl: per-head scales f32 (num_kv_heads,) on the host when given;
 // per-tensor k/v scales positive and finite when the cache is fp8. `who` + `entry` prefix
 // messages ("CPU forward: ...").

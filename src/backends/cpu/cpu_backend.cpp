@@ -71,24 +71,10 @@ class CpuBackend final : public AttentionBackend {
     auto add = [&reasons](auto&&... parts) {
       reasons.push_back(detail::concat(std::forward<decltype(parts)>(parts)...));
     };
-    if (config.device != Device::cpu) {
-      add("device = ", device_name(config.device),
-          " is not supported: the CPU backend runs on the cpu only.");
-    }
+    host::add_host_selector_reasons(config, "CPU", reasons);
     if (config.use_mla) {
       add("use_mla = true is not supported: the CPU backend computes standard multi-head "
           "attention only (no MLA path).");
-    }
-    if (config.use_sparse) {
-      add("use_sparse = true is not supported: the CPU backend computes dense attention only.");
-    }
-    if (!is_activation_dtype(config.dtype)) {
-      add("dtype = ", dtype_name(config.dtype),
-          " is not supported: the CPU backend supports float32, float16 and bfloat16 activations.");
-    }
-    if (!is_accepted_kv_cache_dtype(config.kv_cache_dtype)) {
-      add("kv_cache_dtype = '", config.kv_cache_dtype, "' is not supported: expected one of ",
-          accepted_kv_cache_dtypes(), ".");
     }
     if (!head_size_supported(config.head_size)) {
       add("head_size = ", config.head_size, " is not supported: the CPU backend supports head "
@@ -232,19 +218,7 @@ const CpuAttentionMetadata& CpuAttentionImpl::checked_metadata(const AttentionMe
 
 void CpuAttentionImpl::check_kv_cache(const TensorView& kv_cache, const CpuAttentionMetadata& md,
                                       std::string_view entry) const {
-  const int64_t cache_head_size = std::max(params_.head_size, params_.value_head_size());
-  PAGEDATTN_CHECK(kv_cache.defined(), "kv_cache", "CPU ", entry,
-                  ": kv_cache is required for attn_type = ", attention_type_name(params_.attn_type));
-  check_device(kv_cache, "kv_cache", Device::cpu);
-  check_ndim(kv_cache, "kv_cache", 5);
-  const DType expected[] = {cache_dtype_};
-  check_dtype(kv_cache, "kv_cache", expected);
-  PAGEDATTN_CHECK(kv_cache.size(0) == 2 && kv_cache.size(1) >= 0 &&
-                      kv_cache.size(2) == md.block_size && kv_cache.size(3) == params_.kv_heads() &&
-                      kv_cache.size(4) == cache_head_size,
-                  "kv_cache", "CPU ", entry, ": kv_cache has shape ", kv_cache.shape().str(),
-                  ": expected (2, num_blocks, ", md.block_size, ", ", params_.kv_heads(), ", ",
-                  cache_head_size, ")");
+  host::check_standard_kv_cache(params_, cache_dtype_, kv_cache, md.block_size, "CPU", entry);
   PAGEDATTN_CHECK(kv_cache.stride(4) == 1, "kv_cache", "CPU ", entry, ": kv_cache has strides ",
                   kv_cache.strides().str(), ": expected the head_size dim contiguous (stride 1), "
                   "as in the NHD and HND layouts");

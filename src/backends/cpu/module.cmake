@@ -1,7 +1,7 @@
 # CPU backend: per-file ISA flags. The AVX2 / AVX-512 kernel files are compiled with their
 # instruction sets; cpu_dispatch.cpp picks one at run time from CPUID, so the library still runs
 # on any x86-64 (and the scalar file builds anywhere). On other architectures the ISA files
-# compile to a stub returning no table.
+# report no kernel table and dispatch uses the scalar kernels.
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND
    CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   set(_cpu_dir ${CMAKE_CURRENT_LIST_DIR})

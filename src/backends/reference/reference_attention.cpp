@@ -234,20 +234,7 @@ const ReferenceAttentionMetadata& ReferenceAttentionImpl::checked_metadata(
 void ReferenceAttentionImpl::check_kv_cache(const TensorView& kv_cache,
                                             const ReferenceAttentionMetadata& md,
                                             std::string_view entry) const {
-  const int64_t cache_head_size = std::max(params_.head_size, params_.value_head_size());
-  PAGEDATTN_CHECK(
-      kv_cache.defined(), "kv_cache", "REFERENCE ", entry,
-      ": kv_cache is required for attn_type = ", attention_type_name(params_.attn_type));
-  check_device(kv_cache, "kv_cache", Device::cpu);
-  check_ndim(kv_cache, "kv_cache", 5);
-  const DType expected[] = {cache_dtype_};
-  check_dtype(kv_cache, "kv_cache", expected);
-  PAGEDATTN_CHECK(kv_cache.size(0) == 2 && kv_cache.size(1) >= 0 &&
-                      kv_cache.size(2) == md.block_size && kv_cache.size(3) == params_.kv_heads() &&
-                      kv_cache.size(4) == cache_head_size,
-                  "kv_cache", "REFERENCE ", entry, ": kv_cache has shape ", kv_cache.shape().str(),
-                  ": expected (2, num_blocks, ", md.block_size, ", ", params_.kv_heads(), ", ",
-                  cache_head_size, ")");
+  host::check_standard_kv_cache(params_, cache_dtype_, kv_cache, md.block_size, "REFERENCE", entry);
 }
 
 void ReferenceAttentionImpl::check_scales(const LayerScales& scales, std::string_view entry) const {

@@ -50,26 +50,10 @@ class ReferenceBackend final : public AttentionBackend {
     auto add = [&reasons](auto&&... parts) {
       reasons.push_back(detail::concat(std::forward<decltype(parts)>(parts)...));
     };
-    if (config.device != Device::cpu) {
-      add("device = ", device_name(config.device),
-          " is not supported: the REFERENCE backend runs on the cpu only.");
-    }
+    host::add_host_selector_reasons(config, "REFERENCE", reasons);
     if (config.use_mla) {
       add("use_mla = true is not supported: the REFERENCE backend has no MLA path yet "
           "(it computes standard multi-head attention only).");
-    }
-    if (config.use_sparse) {
-      add("use_sparse = true is not supported: the REFERENCE backend computes dense attention "
-          "only.");
-    }
-    if (!is_activation_dtype(config.dtype)) {
-      add("dtype = ", dtype_name(config.dtype),
-          " is not supported: the REFERENCE backend supports float32, float16 and bfloat16 "
-          "activations.");
-    }
-    if (!is_accepted_kv_cache_dtype(config.kv_cache_dtype)) {
-      add("kv_cache_dtype = '", config.kv_cache_dtype, "' is not supported: expected one of ",
-          accepted_kv_cache_dtypes(), ".");
     }
     if (config.head_size < 1 || config.head_size > kMaxHeadSize) {
       add("head_size = ", config.head_size,
