@@ -7,6 +7,8 @@
 //               Peak/read_bandwidth  read-only streaming (the access pattern of decode)
 //               Peak/fma_f32         f32 FMA rate (AVX-512, all threads)
 //               Peak/dpbf16          vdpbf16ps rate (AVX-512 BF16, all threads)
+//               Peak/amx_bf16        tdpbf16ps rate (AMX-BF16 tiles, all threads; only where the
+//                                    amx path can run; the floor of amx rows uses it)
 //   path      the kernel path (PAGEDATTN_CPU_ISA or the best)
 // Shapes: Llama-3-8B attention (Hq 32, Hkv 8, D 128, bf16 unless _f16, block 16, NHD, shuffled
 // pages).
@@ -18,7 +20,6 @@
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -40,7 +41,7 @@ namespace {
 
 // ---- measured peaks -------------------------------------------------------------------------
 struct Peaks {
-  double copy_gbs = 0, read_gbs = 0, fma_gflops = 0, dpbf16_gflops = 0;
+  double copy_gbs = 0, read_gbs = 0, fma_gflops = 0, dpbf16_gflops = 0, amx_gflops = 0;
 };
 Peaks g_peaks;
 
@@ -120,6 +121,45 @@ __attribute__((target("avx512f,avx512bf16"))) double measure_compute_gflops(bool
   return best;
 }
 
+// tdpbf16ps rate (AMX-BF16, all threads): 4 independent accumulator tiles, operands in tiles
+// (no loads). Per instruction 16 x 16 x 32 multiply-adds = 16384 FLOP. 0 when AMX cannot run.
+double measure_amx_gflops() {
+  if (!cpu::isa_supported(cpu::Isa::amx)) return 0;  // also obtains the tile permission
+  const int64_t iters = 2'000'000;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double start = omp_get_wtime();
+    int threads = 1;
+#pragma omp parallel
+    {
+#pragma omp single
+      threads = omp_get_num_threads();
+      struct alignas(64) {
+        uint8_t palette = 1, start_row = 0, reserved[14] = {};
+        uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+        uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+      } config;
+      alignas(64) static thread_local uint16_t data[16 * 32];
+      for (int i = 0; i < 16 * 32; ++i) data[i] = 0x3C00;  // bf16 0.0078
+      const size_t stride = 64;
+      __asm__ volatile("ldtilecfg %0" ::"m"(config));
+      __asm__ volatile(
+          "tilezero %%tmm0\n tilezero %%tmm1\n tilezero %%tmm2\n tilezero %%tmm3\n"
+          "tileloadd (%0,%1,1), %%tmm4\n tileloadd (%0,%1,1), %%tmm5\n"
+          "tileloadd (%0,%1,1), %%tmm6\n" ::"r"(data), "r"(stride) : "memory");
+      for (int64_t it = 0; it < iters; ++it) {
+        __asm__ volatile(
+            "tdpbf16ps %%tmm5, %%tmm4, %%tmm0\n tdpbf16ps %%tmm6, %%tmm4, %%tmm1\n"
+            "tdpbf16ps %%tmm5, %%tmm6, %%tmm2\n tdpbf16ps %%tmm6, %%tmm5, %%tmm3\n" ::);
+      }
+      __asm__ volatile("tilerelease" ::: "memory");
+    }
+    const double flops = static_cast<double>(iters) * 4 * threads * 16384;
+    best = std::max(best, flops / seconds_since(start) / 1e9);
+  }
+  return best;
+}
+
 void BM_Peak(benchmark::State& state, int which) {
   double value = 0;
   for (auto _ : state) {
@@ -127,7 +167,8 @@ void BM_Peak(benchmark::State& state, int which) {
       case 0: value = g_peaks.copy_gbs = measure_bandwidth_gbs(false); break;
       case 1: value = g_peaks.read_gbs = measure_bandwidth_gbs(true); break;
       case 2: value = g_peaks.fma_gflops = measure_compute_gflops(false); break;
-      default: value = g_peaks.dpbf16_gflops = measure_compute_gflops(true); break;
+      case 3: value = g_peaks.dpbf16_gflops = measure_compute_gflops(true); break;
+      default: value = g_peaks.amx_gflops = measure_amx_gflops(); break;
     }
   }
   state.counters[which < 2 ? "GB/s" : "GFLOP/s"] = value;
@@ -155,17 +196,6 @@ struct AttentionStep {
 };
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
-
-// Asks for transparent huge pages on a tensor's memory (before its first touch): a KV cache is
-// read page by page in block-table order, and with 4 KiB pages nearly every 16-token page
-// costs a TLB miss.
-void advise_huge_pages(const Tensor& t) {
-  const auto begin = reinterpret_cast<uintptr_t>(t.data());
-  const uintptr_t huge = uintptr_t{1} << 21;
-  const uintptr_t first = (begin + huge - 1) & ~(huge - 1);
-  const uintptr_t last = (begin + t.nbytes()) & ~(huge - 1);
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-}
 
 // Fills a 16-bit float tensor with a repeated 1 MiB block of random values in [-1, 1).
 void fill_random(Tensor& t, uint64_t seed) {
@@ -218,7 +248,7 @@ std::unique_ptr<AttentionStep> make_step(const AttentionBackend& backend,
       KVCacheSpec::full_attention(kBlock, kHkv, kD, dtype), config, Device::cpu);
 
   step->cache = backend.allocate_kv_cache(total_blocks, kBlock, kHkv, kD, dtype, Device::cpu);
-  if (std::getenv("CPU_BENCH_HUGEPAGES") != nullptr) advise_huge_pages(step->cache);
+  // The cache (>= 32 MiB) is on transparent huge pages: the host allocator advises them.
   fill_random(step->cache, 1);
   std::vector<int32_t> block_ids(total_blocks);
   std::iota(block_ids.begin(), block_ids.end(), 0);
@@ -261,8 +291,11 @@ void report(benchmark::State& state, const AttentionStep& step, const char* path
   state.SetLabel(path);
   if (g_peaks.copy_gbs > 0 && g_peaks.dpbf16_gflops > 0) {
     // floor seconds per iteration; the counter divides by measured seconds per iteration.
+    // The compute peak of the path that ran: AMX tiles when the amx path ran and was measured.
+    const bool amx = cpu::active_kernels().isa == cpu::Isa::amx && g_peaks.amx_gflops > 0;
+    const double peak_gflops = amx ? g_peaks.amx_gflops : g_peaks.dpbf16_gflops;
     const double floor_s = std::max(step.bytes / (g_peaks.copy_gbs * 1e9),
-                                    step.flops / (g_peaks.dpbf16_gflops * 1e9));
+                                    step.flops / (peak_gflops * 1e9));
     state.counters["floor%"] = benchmark::Counter(100.0 * floor_s * iterations, benchmark::Counter::kIsRate);
     state.counters["copy_bw%"] = benchmark::Counter(
         100.0 * step.bytes * iterations / (g_peaks.copy_gbs * 1e9), benchmark::Counter::kIsRate);
@@ -302,6 +335,7 @@ void register_all() {
   peak("Peak/read_bandwidth", 1);
   peak("Peak/fma_f32", 2);
   peak("Peak/dpbf16", 3);
+  if (cpu::isa_supported(cpu::Isa::amx)) peak("Peak/amx_bf16", 4);
   const auto cpu = [](const std::string& name, std::vector<RequestShape> batch,
                       DType dtype = DType::bf16) {
     benchmark::RegisterBenchmark(("CPU/" + name).c_str(), BM_Cpu, std::move(batch), dtype)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -111,14 +112,16 @@ TEST(CpuBackend, RejectsWithAReasonNamingTheValue) {
   EXPECT_TRUE(any_reason_contains(backend.validate_configuration(encoder), "kv_cache_dtype = 'fp8'"));
 }
 
-TEST(CpuBackend, CapabilitiesListEveryFeatureAndNoAmx) {
+TEST(CpuBackend, CapabilitiesListEveryFeatureAndAmxOnlyWhereItRuns) {
   const BackendCapabilities caps = cpu_backend().capabilities();
   for (const char* feature : {"alibi", "sliding_window", "soft_cap", "sinks", "lse", "cascade",
                               "fp8_output", "head_size_v", "fp8_kv_cache", "per_head_kv_scales"}) {
     EXPECT_NE(std::find(caps.features.begin(), caps.features.end(), feature), caps.features.end())
         << feature;
   }
-  EXPECT_EQ(std::find(caps.features.begin(), caps.features.end(), "amx"), caps.features.end());
+  // "amx" exactly when the AMX path can run here.
+  EXPECT_EQ(std::find(caps.features.begin(), caps.features.end(), "amx") != caps.features.end(),
+            isa_supported(Isa::amx));
   EXPECT_EQ(caps.head_sizes.front(), 16);
   EXPECT_EQ(caps.head_sizes.back(), 256);
   EXPECT_EQ(caps.attn_types.size(), 4u);
@@ -128,28 +131,55 @@ TEST(CpuDispatch, ParsesPathsAndRejectsUnknownNames) {
   EXPECT_EQ(parse_isa("scalar", "x"), Isa::scalar);
   EXPECT_EQ(parse_isa("avx2", "x"), Isa::avx2);
   EXPECT_EQ(parse_isa("avx512", "x"), Isa::avx512);
-  try {
-    parse_isa("amx", "PAGEDATTN_CPU_ISA");
-    FAIL() << "amx is not a path";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "PAGEDATTN_CPU_ISA");
-    EXPECT_NE(std::string(e.what()).find("'amx'"), std::string::npos);
+  EXPECT_EQ(parse_isa("amx", "x"), Isa::amx);
+  for (const char* bad : {"amx512", "AVX2", "neon", ""}) {
+    try {
+      parse_isa(bad, "PAGEDATTN_CPU_ISA");
+      FAIL() << bad << " is not a path";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "PAGEDATTN_CPU_ISA");
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos);
+    }
   }
   EXPECT_TRUE(isa_supported(Isa::scalar));
   EXPECT_TRUE(isa_supported(best_isa()));
 }
 
 TEST(CpuDispatch, OverrideSelectsTheTable) {
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
-    if (!isa_supported(isa)) continue;
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx}) {
+    if (!isa_supported(isa)) {
+      EXPECT_THROW(set_isa_override(isa), Error) << isa_name(isa);
+      continue;
+    }
     set_isa_override(isa);
     EXPECT_EQ(active_kernels().isa, isa);
     EXPECT_STREQ(active_kernels().name, isa_name(isa));
   }
   clear_isa_override();
+  // The emulated AMX table (tests only) wins over the ISA override until cleared.
+  if (isa_supported(Isa::avx512)) {
+    set_isa_override(Isa::scalar);
+    set_kernel_table_override(amx_emulated_kernel_table());
+    EXPECT_STREQ(active_kernels().name, "amx-emulated");
+    set_kernel_table_override(nullptr);
+    EXPECT_EQ(active_kernels().isa, Isa::scalar);
+    clear_isa_override();
+  } else {
+    EXPECT_THROW(set_kernel_table_override(amx_emulated_kernel_table()), Error);
+  }
   if (std::getenv("PAGEDATTN_CPU_ISA") == nullptr) {  // a forced path (CI's ISA runs) wins
     EXPECT_EQ(active_kernels().isa, best_isa()) << "without PAGEDATTN_CPU_ISA the best path runs";
   }
+}
+
+// Host allocations >= 32 MiB (a KV cache) start on a 2 MiB boundary so that transparent huge
+// pages can back them (the allocator advises them; the data is never touched here).
+TEST(CpuMemory, LargeKvCachesAreAlignedForHugePages) {
+  const Tensor big = cpu_backend().allocate_kv_cache(1024, 16, 8, 128, DType::bf16, Device::cpu);
+  ASSERT_GE(big.nbytes(), size_t{32} << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % (uintptr_t{1} << 21), 0u);
+  const Tensor small = cpu_backend().allocate_kv_cache(4, 16, 2, 64, DType::bf16, Device::cpu);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % 64, 0u);
 }
 
 TEST(CpuThreads, EnvironmentAndConfigDecide) {

@@ -1,5 +1,6 @@
 // The CPU backend against the REFERENCE (fp64) on fresh random inputs, for EVERY kernel path
-// this machine can run (scalar, avx2, avx512 — forced through the ISA override): the shared
+// this machine can run (scalar, avx2, avx512, amx — forced through the ISA override — and the
+// AMX kernels on an emulated tile unit wherever avx512 runs): the shared
 // conformance grid (CI grid, or the full one with PAGEDATTN_FULL_GRID=1) plus cases aimed at the
 // CPU plan: head sizes 64..256, large GQA groups, long decodes (split-KV + merge), cascade
 // groups, q-tiled prefills, block sizes that are not multiples of 16, a non-causal decoder,
@@ -45,23 +46,48 @@ class EnvGuard {
   std::optional<std::string> old_;
 };
 
-class CpuIsa : public ::testing::TestWithParam<Isa> {
+// A kernel path: an ISA, or the AMX kernels with the tile unit emulated in software (runs
+// wherever avx512 does, so machines without AMX still check the AMX tiling and layouts).
+struct KernelPath {
+  Isa isa;
+  bool emulated_amx;
+};
+
+void PrintTo(const KernelPath& path, std::ostream* os) {
+  *os << (path.emulated_amx ? "amx_emulated" : isa_name(path.isa));
+}
+
+class CpuIsa : public ::testing::TestWithParam<KernelPath> {
  protected:
   void SetUp() override {
-    if (!isa_supported(GetParam())) GTEST_SKIP() << isa_name(GetParam()) << " is not available here";
-    set_isa_override(GetParam());
+    if (GetParam().emulated_amx) {
+      const KernelTable* table = amx_emulated_kernel_table();
+      if (table == nullptr || !isa_supported(Isa::avx512)) GTEST_SKIP() << "needs avx512";
+      set_kernel_table_override(table);
+      return;
+    }
+    if (!isa_supported(GetParam().isa)) GTEST_SKIP() << isa_name(GetParam().isa) << " is not available here";
+    set_isa_override(GetParam().isa);
   }
-  void TearDown() override { clear_isa_override(); }
+  void TearDown() override {
+    set_kernel_table_override(nullptr);
+    clear_isa_override();
+  }
 
   static void expect_matches(const ConformanceCase& c, uint64_t seed) {
     const ConformanceResult result = conformance::run_case(cpu_backend(), Device::cpu, c, seed);
-    EXPECT_TRUE(result.passed()) << isa_name(GetParam()) << ": " << result.describe();
+    EXPECT_TRUE(result.passed()) << active_kernels().name << ": " << result.describe();
   }
 };
 
-std::string isa_param_name(const ::testing::TestParamInfo<Isa>& info) { return isa_name(info.param); }
+std::string isa_param_name(const ::testing::TestParamInfo<KernelPath>& info) {
+  return info.param.emulated_amx ? "amx_emulated" : isa_name(info.param.isa);
+}
 
-INSTANTIATE_TEST_SUITE_P(Paths, CpuIsa, ::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512),
+INSTANTIATE_TEST_SUITE_P(Paths, CpuIsa,
+                         ::testing::Values(KernelPath{Isa::scalar, false}, KernelPath{Isa::avx2, false},
+                                           KernelPath{Isa::avx512, false}, KernelPath{Isa::amx, false},
+                                           KernelPath{Isa::amx, true}),
                          isa_param_name);
 
 TEST_P(CpuIsa, SupportsAndMatchesEveryCaseOfTheConformanceGrid) {
@@ -104,6 +130,41 @@ TEST_P(CpuIsa, HeadSizesFrom64To256WithGqaGroups) {
     c.distribution = conformance::Distribution::normal;
     c.batch = {{150, 1}, {0, 40}, {70, 11}, {33, 0}, {9, 1}};
     expect_matches(c, 100 + i);
+  }
+}
+
+// Aimed at the AMX path (every path runs it): bf16 prefills with many 16-row tile blocks plus
+// row tails, head sizes that are multiples of 32 (tiles) or not (vdpbf16ps fallback), value
+// sizes of 1 to 4 C tiles per 64 dims, an fp8 cache, and logits scaled up 30x so that the
+// running max jumps by more than the lazy-rescale slack (8) between key tiles.
+TEST_P(CpuIsa, BfloatPrefillTileBlocksTailsAndLargeLogitJumps) {
+  struct Shape {
+    int d, dv, hq, hkv;
+    const char* kv;
+    float logit_boost;
+  };
+  const Shape shapes[] = {{128, 128, 8, 2, "auto", 1.f},  {64, 80, 4, 1, "auto", 30.f},
+                          {96, 48, 6, 3, "fp8_e4m3", 1.f}, {80, 32, 4, 2, "auto", 30.f},
+                          {128, 64, 16, 2, "auto", 30.f}};
+  for (size_t i = 0; i < std::size(shapes); ++i) {
+    ConformanceCase c;
+    c.dtype = DType::bf16;
+    c.kv_cache_dtype = shapes[i].kv;
+    c.head_size = shapes[i].d;
+    c.head_size_v = shapes[i].dv;
+    c.num_heads = shapes[i].hq;
+    c.num_kv_heads = shapes[i].hkv;
+    c.return_lse = true;
+    c.alibi = i == 4;
+    c.distribution = conformance::Distribution::normal;
+    c.batch = {{40, 50}, {0, 33}, {37, 1}, {120, 17}};
+    conformance::CaseInputs inputs = conformance::make_inputs(c, 70 + i);
+    inputs.scale *= shapes[i].logit_boost;
+    const ConformanceResult result = conformance::compare(
+        inputs, conformance::run_backend(cpu_backend(), Device::cpu, inputs),
+        conformance::run_backend(conformance::reference(), Device::cpu, inputs));
+    EXPECT_TRUE(result.passed()) << active_kernels().name << " shape " << i << ": "
+                                 << result.describe();
   }
 }
 

@@ -1,5 +1,5 @@
 // Flash-style paged attention for one work item, generic over an ISA's vector operations.
-// Included by each ISA translation unit (cpu_kernels_{scalar,avx2,avx512}.cpp), which supplies
+// Included by each ISA translation unit (cpu_kernels_{scalar,avx2,avx512,amx}.cpp), which supplies
 // `Vec` (f32 vector ops) and `Ops` (packing + the two matrix microkernels); everything here has
 // internal linkage (see cpu_kernels.h for why).
 //
@@ -11,7 +11,9 @@
 //     s_j   = -inf outside [lo, hi)                  (causal / sliding window / sequence end)
 //     out   = v_scale * sum_j e^{s_j - m} v_j / (sum_j e^{s_j - m} + e^{sink_h - m}),
 //     lse   = m + log(denominator)                   (natural log)
-// with an online softmax (running max m, running sum l, O rescaled by e^{m_old - m_new}).
+// with an online softmax (running max m, running sum l, O rescaled by e^{m_old - m_new}; Ops
+// that define kRescaleSlack (AMX) keep m while a tile exceeds it by at most that slack, so
+// alpha = 1 and O is not touched: exact, P <= e^slack).
 //
 // Tiling: keys in tiles of kKeyTile = 64 (four 16-key chunks; a chunk lies in one page when the
 // block size is a multiple of 16, else each key looks its page up). Per tile: K is packed once (transposed: [D][64] f32, or
@@ -74,7 +76,7 @@ inline float fmax_nan_free(float a, float b) { return a > b ? a : b; }
 
 inline size_t align64(size_t bytes) { return (bytes + 63) & ~static_cast<size_t>(63); }
 
-alignas(64) const unsigned char kZeroRow[kMaxHeadSize * 4] = {};
+alignas(64) const unsigned char kZeroRow[kMaxKernelHeadSize * 4] = {};
 
 // Per-thread scratch, carved in this order (every part 64-byte aligned).
 struct ScratchLayout {
@@ -158,7 +160,8 @@ inline const char* kv_row(const ItemContext& c, bool value, int req, int key) {
     const int64_t block_stride = value ? kv.v_block_stride : kv.k_block_stride;
     offset = block * block_stride + (key % kv.block_size) * token_stride;
   } else {
-    offset = (static_cast<int64_t>(c.args->query_start_loc[req]) + key) * token_stride;
+    const int32_t* starts = kv.key_start_loc != nullptr ? kv.key_start_loc : c.args->query_start_loc;
+    offset = (static_cast<int64_t>(starts[req]) + key) * token_stride;
   }
   offset += static_cast<int64_t>(c.kv_head) * head_stride;
   return base + offset * static_cast<int64_t>(c.kv_elem_bytes);
@@ -302,18 +305,35 @@ inline void softmax_tile(const ItemContext& c, int ra, int rb, int t0, int n, in
     const V vpos = Vec::set1(static_cast<float>(c.pos[i]));
     const V vslope = Vec::set1(c.slope[i]);
     V vmax = Vec::set1(kNegInf);
-    for (int j = 0; j < kKeyTile; j += W) {
-      const V kpos = Vec::add(Vec::set1(static_cast<float>(t0 + j)), iota);
-      V x = Vec::mul(Vec::load(srow + j), vscale);
-      if (capped) x = Vec::mul(vcap, vec_tanh<Vec>(Vec::mul(x, vinv_cap)));
-      if (alibi) x = Vec::sub(x, Vec::mul(vslope, Vec::abs(Vec::sub(vpos, kpos))));
-      x = Vec::select(Vec::and_mask(Vec::ge(kpos, vlo), Vec::lt(kpos, vhi)), x,
-                      Vec::set1(kNegInf));
-      Vec::store(srow + j, x);
-      vmax = Vec::max(vmax, x);
+    if (lo == t0 && hi == t0 + kKeyTile && !capped && !alibi) {
+      // Every key of the tile visible, plain logits (most tiles of a prefill): no mask to apply.
+      for (int j = 0; j < kKeyTile; j += W) {
+        const V x = Vec::mul(Vec::load(srow + j), vscale);
+        Vec::store(srow + j, x);
+        vmax = Vec::max(vmax, x);
+      }
+    } else {
+      for (int j = 0; j < kKeyTile; j += W) {
+        const V kpos = Vec::add(Vec::set1(static_cast<float>(t0 + j)), iota);
+        V x = Vec::mul(Vec::load(srow + j), vscale);
+        if (capped) x = Vec::mul(vcap, vec_tanh<Vec>(Vec::mul(x, vinv_cap)));
+        if (alibi) x = Vec::sub(x, Vec::mul(vslope, Vec::abs(Vec::sub(vpos, kpos))));
+        x = Vec::select(Vec::and_mask(Vec::ge(kpos, vlo), Vec::lt(kpos, vhi)), x,
+                        Vec::set1(kNegInf));
+        Vec::store(srow + j, x);
+        vmax = Vec::max(vmax, x);
+      }
     }
     const float m_old = c.m[i];
-    const float m_new = fmax_nan_free(m_old, Vec::hmax(vmax));
+    const float tile_max = Vec::hmax(vmax);
+    float m_new = fmax_nan_free(m_old, tile_max);
+    if constexpr (requires { Ops::kRescaleSlack; }) {
+      // Lazy rescale (Ops that pay for every O rescale, i.e. AMX): the running max m is kept while
+      // the tile's logits exceed it by at most the slack, so P = e^{s - m} <= e^slack and
+      // alpha = 1 exactly; O and l stay relative to the same m, so the result is unchanged
+      // (the normalisation and the LSE use m and l together). Only a larger jump rescales.
+      if (m_old != kNegInf && tile_max <= m_old + Ops::kRescaleSlack) m_new = m_old;
+    }
     if (m_new == kNegInf) {  // every visible logit is -inf: nothing to add yet
       c.alpha[i] = 1.f;
       Ops::zero_p_row(c.p, i);
@@ -529,7 +549,7 @@ void merge_impl(const AttentionArgs& a, const MergeTask& task) {
   const int G = a.group_size;
   const int dv = a.head_size_v;
   const int rows = (task.tok_end - task.tok_begin) * G;
-  alignas(64) float merged[kMaxHeadSize];
+  alignas(64) float merged[kMaxKernelHeadSize];
   const float value_scale = kv_value_scale(a, task.kv_head);
   for (int row = 0; row < rows; ++row) {
     float m_all = kNegInf;

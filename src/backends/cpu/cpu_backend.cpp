@@ -74,7 +74,7 @@ class CpuBackend final : public AttentionBackend {
     host::add_host_selector_reasons(config, "CPU", reasons);
     if (config.use_mla) {
       add("use_mla = true is not supported: the CPU backend computes standard multi-head "
-          "attention only (no MLA path).");
+          "attention only; MLA layers on the cpu use the CPU_MLA backend.");
     }
     if (!head_size_supported(config.head_size)) {
       add("head_size = ", config.head_size, " is not supported: the CPU backend supports head "
@@ -118,6 +118,7 @@ class CpuBackend final : public AttentionBackend {
                      "lse",          "cascade",            "fp8_output", "head_size_v",
                      "fp8_kv_cache", "per_head_kv_scales", "gqa",      "non_causal_decoder",
                      "split_kv",     "avx512_bf16",        "avx2",     "openmp"};
+    if (isa_supported(Isa::amx)) caps.features.push_back("amx");  // AMX-BF16 tiles usable here
     return caps;
   }
 };

@@ -1,15 +1,23 @@
 // ISA dispatch of the CPU backend: which kernel table runs, chosen once.
-//   PAGEDATTN_CPU_ISA = scalar | avx2 | avx512   forces a path (read on first use); a path the CPU
-//                                                cannot run is an Error naming the variable.
-//   otherwise                                    the best the CPU supports: avx512 (needs
-//                                                AVX512F/BW/DQ/VL + AVX512_BF16), avx2 (AVX2 + FMA
-//                                                + F16C), scalar.
-// AMX tiles are not used: no AMX path exists (it could not be validated on the development
-// machine, which has none), see docs/perf/cpu.md.
+//   PAGEDATTN_CPU_ISA = scalar | avx2 | avx512 | amx   forces a path (read on first use); a path
+//                                                the CPU cannot run is an Error naming the variable.
+//   otherwise                                    the best the CPU supports: amx (avx512 + AMX-TILE
+//                                                + AMX-BF16, the tile state enabled by the OS and
+//                                                granted to this process), avx512 (AVX512F/BW/DQ/VL
+//                                                + AVX512_BF16), avx2 (AVX2 + FMA + F16C), scalar.
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
 
 #include "backends/cpu/cpu_kernels.h"
 #include "pagedattn/error.h"
@@ -20,6 +28,7 @@ namespace {
 constexpr const char* kIsaEnv = "PAGEDATTN_CPU_ISA";
 
 std::atomic<int> g_isa_override{-1};
+std::atomic<const KernelTable*> g_table_override{nullptr};
 
 bool cpu_has_avx2() {
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
@@ -40,8 +49,38 @@ bool cpu_has_avx512() {
 #endif
 }
 
+// AMX-TILE + AMX-BF16 usable by this process: CPUID.(7,0):EDX bits 24 and 22; the OS saves the
+// tile state (OSXSAVE, XCR0 bits 17 XTILECFG and 18 XTILEDATA); and, on Linux (5.16+), the
+// kernel grants this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM with
+// XFEATURE_XTILEDATA = 18; process-wide, requested once). Without that permission the first tile
+// instruction would fault.
+bool cpu_has_amx() {
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && \
+    defined(__linux__)
+  static const bool usable = [] {
+    if (!cpu_has_avx512()) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool amx_tile = (edx >> 24) & 1u, amx_bf16 = (edx >> 22) & 1u;
+    if (!amx_tile || !amx_bf16) return false;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0) return false;
+    uint32_t xcr0_lo = 0, xcr0_hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    const uint32_t tile_state = (1u << 17) | (1u << 18);
+    if ((xcr0_lo & tile_state) != tile_state) return false;
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
+
 const KernelTable* table_for(Isa isa) {
   switch (isa) {
+    case Isa::amx: return amx_kernel_table();
     case Isa::avx512: return avx512_kernel_table();
     case Isa::avx2: return avx2_kernel_table();
     case Isa::scalar: return scalar_kernel_table();
@@ -69,6 +108,7 @@ const KernelTable& default_table() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::amx: return "amx";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";
     case Isa::scalar: return "scalar";
@@ -81,13 +121,16 @@ Isa parse_isa(const char* name, const char* argument) {
   if (value == "scalar") return Isa::scalar;
   if (value == "avx2") return Isa::avx2;
   if (value == "avx512") return Isa::avx512;
+  if (value == "amx") return Isa::amx;
   throw Error(argument, detail::concat(argument, " = '", value,
-                                       "' is not a CPU kernel path: expected scalar, avx2 or avx512"));
+                                       "' is not a CPU kernel path: expected scalar, avx2, avx512 "
+                                       "or amx"));
 }
 
 bool isa_supported(Isa isa) {
   if (table_for(isa) == nullptr) return false;
   switch (isa) {
+    case Isa::amx: return cpu_has_amx();
     case Isa::avx512: return cpu_has_avx512();
     case Isa::avx2: return cpu_has_avx2();
     case Isa::scalar: return true;
@@ -96,6 +139,7 @@ bool isa_supported(Isa isa) {
 }
 
 Isa best_isa() {
+  if (isa_supported(Isa::amx)) return Isa::amx;
   if (isa_supported(Isa::avx512)) return Isa::avx512;
   if (isa_supported(Isa::avx2)) return Isa::avx2;
   return Isa::scalar;
@@ -110,7 +154,20 @@ void set_isa_override(Isa isa) {
 
 void clear_isa_override() { g_isa_override.store(-1, std::memory_order_release); }
 
+void set_kernel_table_override(const KernelTable* table) {
+  if (table != nullptr) {
+    const bool emulated = table == amx_emulated_kernel_table();
+    const Isa needs = emulated ? Isa::avx512 : table->isa;
+    PAGEDATTN_CHECK(isa_supported(needs), "table", "set_kernel_table_override: table = ",
+                    table->name, " needs ", isa_name(needs),
+                    ", which this CPU cannot run (or is not compiled in): it supports ",
+                    isa_name(best_isa()), " at best");
+  }
+  g_table_override.store(table, std::memory_order_release);
+}
+
 const KernelTable& active_kernels() {
+  if (const KernelTable* table = g_table_override.load(std::memory_order_acquire)) return *table;
   const int forced = g_isa_override.load(std::memory_order_acquire);
   if (forced >= 0) return *table_for(static_cast<Isa>(forced));
   return default_table();

@@ -1,5 +1,5 @@
 // Internal interface between the CPU backend's host side (plan, impl, OpenMP driver) and its
-// ISA-specific kernels (cpu_kernels_{scalar,avx2,avx512}.cpp).
+// ISA-specific kernels (cpu_kernels_{scalar,avx2,avx512,amx}.cpp).
 //
 // Everything here is plain data (no std containers, no inline functions with external linkage):
 // the ISA translation units are compiled with different -m flags, and any inline function they
@@ -28,11 +28,16 @@ namespace pagedattn::cpu {
 inline constexpr int kKeyTile = 64;
 // Rows per work item (a q tile holds max(1, kMaxItemRows / group_size) tokens).
 inline constexpr int kMaxItemRows = 128;
-// Largest head size (keys and values) the kernels accept; sizes must be multiples of 16.
+// Largest head size (keys and values) the standard CPU backend accepts; multiples of 16.
 inline constexpr int kMaxHeadSize = 256;
+// Largest head size the kernels themselves handle (scratch, zero rows, merge rows): the MLA
+// latent row of 576 = kv_lora_rank 512 + qk_rope_head_dim 64 (CPU_MLA decode). The standard
+// backend stays at kMaxHeadSize (its conformance grid covers up to 256).
+inline constexpr int kMaxKernelHeadSize = 576;
 inline constexpr int kHeadSizeMultiple = 16;
 
-enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
+// amx = the avx512 kernels with Q·Kᵀ and P·V of bf16 operands on AMX-BF16 tiles.
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, amx = 3 };
 
 // How Q·Kᵀ and P·V are computed.
 //   f32       operands converted to f32, f32 FMA (every ISA; used for f32/f16 activations).
@@ -56,6 +61,9 @@ struct KvSource {
   const int32_t* block_table = nullptr;  // (num_reqs, block_table_stride) i32
   int64_t block_table_stride = 0;
   int block_size = 16;
+  // No cache only: the key of request r at position j is token key_start_loc[r] + j instead
+  // (MLA prefill context chunks, whose keys are laid out by the chunk's cu_seq_lens).
+  const int32_t* key_start_loc = nullptr;  // (num_reqs,) or nullptr = query_start_loc
 };
 
 // One unit of parallel work (see the file comment).
@@ -151,11 +159,16 @@ struct KernelTable {
 const KernelTable* scalar_kernel_table();
 const KernelTable* avx2_kernel_table();
 const KernelTable* avx512_kernel_table();
+const KernelTable* amx_kernel_table();
+// The AMX kernels with the tile unit emulated in plain C++ (tests: checks the AMX tiling on CPUs
+// without AMX; needs AVX-512). Not chosen by dispatch; see set_kernel_table_override.
+const KernelTable* amx_emulated_kernel_table();
 
-// Dispatch, chosen once: env PAGEDATTN_CPU_ISA = scalar | avx2 | avx512 (read on first use;
+// Dispatch, chosen once: env PAGEDATTN_CPU_ISA = scalar | avx2 | avx512 | amx (read on first use;
 // a value the CPU cannot run, or an unknown name, is an Error naming PAGEDATTN_CPU_ISA), else the
-// best the CPU supports (CPUID via __builtin_cpu_supports). set_isa_override (tests, benchmarks)
-// replaces the choice; it throws Error when the CPU lacks the ISA.
+// best the CPU supports (CPUID; amx also needs the OS's tile state and Linux's
+// arch_prctl(ARCH_REQ_XCOMP_PERM) permission, requested once on first use). set_isa_override
+// (tests, benchmarks) replaces the choice; it throws Error when the CPU lacks the ISA.
 const KernelTable& active_kernels();
 bool isa_supported(Isa isa);
 Isa best_isa();
@@ -163,5 +176,8 @@ const char* isa_name(Isa isa);
 Isa parse_isa(const char* name, const char* argument);
 void set_isa_override(Isa isa);
 void clear_isa_override();
+// Tests: runs `table` (one of the tables above) until cleared with nullptr; wins over
+// set_isa_override. Throws Error when the CPU cannot run it (the emulated AMX table needs avx512).
+void set_kernel_table_override(const KernelTable* table);
 
 }  // namespace pagedattn::cpu
