@@ -106,6 +106,10 @@ SelectorConfig layer_config(const LayerShape& shape, const SelectorConfig& base)
   c.head_size = shape.selector_head_size();
   c.head_size_v = shape.kind == LayerKind::mla ? 0 : shape.head_size_v;
   c.use_mla = shape.kind == LayerKind::mla;
+  if (c.use_mla) {
+    c.mla_dimensions = {shape.kv_lora_rank, shape.qk_nope_head_dim, shape.qk_rope_head_dim, shape.v_head_dim};
+    c.num_heads = shape.num_heads;
+  }
   c.has_sink = shape.has_sinks;
   c.use_alibi = false;
   c.use_sliding_window = shape.kind == LayerKind::sliding_window;

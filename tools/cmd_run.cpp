@@ -17,6 +17,7 @@ namespace {
 struct RunFlags {
   std::string preset = "tiny";
   int layers = 0;
+  int tensor_parallel_size = 1;
   std::string device = "cpu";
   std::string backend;
   std::string dtype = "bfloat16";
@@ -58,11 +59,16 @@ Command add_run_command(CLI::App& parent) {
       "layers (llama4) run on virtual batches (make_local_attention_virtual_batches). Preemption frees "
       "a request's blocks and recomputes it. Prints steps, tokens, attention time, tokens/s, KV "
       "bandwidth and FLOP/s as fractions of the peaks `pagedattn calibrate` measured. --check (default "
-      "for tiny) re-runs sampled steps on REFERENCE and fails beyond the DESIGN.md tolerance. A model "
-      "no backend can run (deepseek-v3's MLA today) fails with the selector's reasons. Exit codes: 0 "
+      "for tiny) re-runs sampled steps on REFERENCE (REFERENCE_MLA for MLA layers) and fails beyond the "
+      "DESIGN.md tolerance. MLA layers (deepseek-v3) run MLAAttention with one random kv_b_proj weight "
+      "shared by every layer. A model no backend can run fails with the selector's reasons. Exit codes: 0 "
       "ok, 1 check failed, 2 bad arguments, 3 no backend can run the model.");
   app->add_option("--preset", f->preset, "model preset: " + join(preset_names(), ", "))->capture_default_str();
   app->add_option("--layers", f->layers, "number of layers (default: the preset's); the preset's layer pattern repeats");
+  app->add_option("--tensor-parallel-size,--tp", f->tensor_parallel_size,
+                  "simulate one rank of tensor parallelism: each layer keeps num_heads / N query heads and "
+                  "max(1, num_kv_heads / N) KV heads (the MLA latent cache is replicated, as in vLLM)")
+      ->capture_default_str();
   app->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
   app->add_option("--backend", f->backend, "force one backend for every layer (default: the selector's choice per layer)");
   app->add_option("--dtype", f->dtype, "activation dtype: float32, float16, bfloat16")->capture_default_str();
@@ -106,6 +112,7 @@ Command add_run_command(CLI::App& parent) {
     RunOptions o;
     o.preset = f->preset;
     o.num_layers = f->layers;
+    o.tensor_parallel_size = f->tensor_parallel_size;
     if (app->count("--layers") > 0 && f->layers < 1) {
       throw UsageError("--layers: " + std::to_string(f->layers) + " must be >= 1");
     }

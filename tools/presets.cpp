@@ -202,7 +202,11 @@ std::vector<ModelPreset> make_presets() {
     mla.v_head_dim = 128;
     mla.head_size = 512 + 64;
     mla.head_size_v = 512;
-    mla.scale = 1.f / std::sqrt(128.f + 64.f);
+    // Softmax scale as vLLM's DeepseekV2Attention: qk_head_dim^-0.5 times mscale^2, YaRN's
+    // mscale = 0.1 * mscale_all_dim * ln(factor) + 1 with rope_scaling factor 40 and
+    // mscale_all_dim 1.0 (config.json): 192^-0.5 * 1.3689^2 = 0.13524.
+    const float mscale = 0.1f * 1.0f * std::log(40.f) + 1.f;
+    mla.scale = mscale * mscale / std::sqrt(128.f + 64.f);
     p.pattern = {mla};
     p.max_model_len = 163840;
     presets.push_back(p);

@@ -116,6 +116,7 @@ std::string run_report_json(const RunReport& r) {
                   {"threads", r.threads},
                   {"seed", o.seed},
                   {"num_layers", r.layers.size()},
+                  {"tensor_parallel_size", o.tensor_parallel_size},
                   {"num_blocks", r.num_blocks},
                   {"kv_cache_bytes", r.kv_cache_bytes},
                   {"max_num_batched_tokens", o.max_num_batched_tokens},

@@ -47,20 +47,32 @@ bool same_builder_config(const BuilderConfig& a, const BuilderConfig& b) {
          a.head_size_v == b.head_size_v && a.max_num_seqs == b.max_num_seqs &&
          a.max_num_batched_tokens == b.max_num_batched_tokens && a.max_model_len == b.max_model_len &&
          a.sliding_window == b.sliding_window && a.use_alibi == b.use_alibi && a.attn_type == b.attn_type &&
-         a.num_sms == b.num_sms;
+         a.num_sms == b.num_sms && a.mla_dimensions == b.mla_dimensions && a.mla_dtype == b.mla_dtype &&
+         a.mla_chunked_prefill_workspace_tokens == b.mla_chunked_prefill_workspace_tokens;
 }
 
+// One model layer: a standard Attention layer, or an MLAAttention layer (shape.kind == mla).
 struct LayerState {
   LayerShape shape;
   std::unique_ptr<Attention> layer;
+  std::unique_ptr<MLAAttention> mla;
   Tensor cache;
   int group = -1;
   std::unique_ptr<Attention> ref_layer;  // --check: the same layer on REFERENCE (cpu)
+  std::unique_ptr<MLAAttention> ref_mla;  // --check, MLA: the same layer on REFERENCE_MLA (cpu)
   Tensor ref_cache;
   int ref_group = -1;
   double max_rel_error = 0;
   int checked_steps = 0;
+
+  const std::string& name() const { return mla ? mla->name() : layer->name(); }
+  const AttentionBackend& backend() const { return mla ? mla->backend() : layer->backend(); }
+  KVCacheSpec kv_cache_spec() const { return mla ? mla->kv_cache_spec() : layer->kv_cache_spec(); }
+  Tensor allocate_kv_cache(int64_t num_blocks) const {
+    return mla ? mla->allocate_kv_cache(num_blocks) : layer->allocate_kv_cache(num_blocks);
+  }
 };
+
 
 // One KV-cache group: the layers that share a backend, a KVCacheSpec and a builder config.
 struct GroupState {
@@ -80,9 +92,9 @@ struct HostBatch {
   int cols = 0;
 };
 
-void fill_normal(Tensor& t, uint64_t seed) {
+void fill_normal(Tensor& t, uint64_t seed, float stddev = 1.f) {
   std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
+  std::normal_distribution<float> normal(0.f, stddev);
   for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), t.dtype(), i, normal(rng));
 }
 
@@ -190,15 +202,31 @@ struct Simulation::State {
   std::mt19937_64 rng;
   int64_t kv_cache_bytes = 0;
 
-  int add_group(std::vector<GroupState>& list, const Attention& layer, const LayerShape& shape, Device device);
+  // MLA layers: one kv_b_proj weight (H*(P+V), L), N(0, 1/L) values, shared by every layer (the
+  // simulator has no model weights; each layer still splits it into its own W_UK / W_UV).
+  Tensor kv_b_proj_host, kv_b_proj_device;
+
+  int add_group(std::vector<GroupState>& list, const LayerState& layer, bool reference, Device device);
   HostBatch host_batch(const StepSchedule& step) const;
   StepRecord run_step(const StepSchedule& step, bool check_step, RunReport& report);
 };
 
-int Simulation::State::add_group(std::vector<GroupState>& list, const Attention& layer, const LayerShape& shape,
+int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState& l, bool reference,
                                  Device device) {
   const int max_len = scheduler->max_request_len();
-  BuilderConfig config = layer.builder_config(options.max_num_seqs, options.max_num_batched_tokens, max_len);
+  const LayerShape& shape = l.shape;
+  const AttentionBackend& backend = reference ? (l.mla ? l.ref_mla->backend() : l.ref_layer->backend()) : l.backend();
+  BuilderConfig config;
+  KVCacheSpec spec;
+  if (l.mla) {
+    const MLAAttention& layer = reference ? *l.ref_mla : *l.mla;
+    config = layer.builder_config(options.max_num_seqs, options.max_num_batched_tokens, max_len);
+    spec = layer.kv_cache_spec();
+  } else {
+    const Attention& layer = reference ? *l.ref_layer : *l.layer;
+    config = layer.builder_config(options.max_num_seqs, options.max_num_batched_tokens, max_len);
+    spec = layer.kv_cache_spec();
+  }
   config.num_sms = device == Device::cuda ? num_sms : threads;
   int chunk = shape.kind == LayerKind::chunked_local ? shape.attention_chunk_size : 0;
   if (chunk > 0) {
@@ -206,19 +234,18 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const Attention&
     config.max_num_seqs = 2 * options.max_num_seqs + cdiv(options.max_num_batched_tokens, chunk);
     config.max_model_len = chunk;
   }
-  KVCacheSpec spec = layer.kv_cache_spec();
   for (size_t g = 0; g < list.size(); ++g) {
-    if (list[g].backend == &layer.backend() && list[g].spec == spec && same_builder_config(list[g].config, config)) {
+    if (list[g].backend == &backend && list[g].spec == spec && same_builder_config(list[g].config, config)) {
       return static_cast<int>(g);
     }
   }
   GroupState group;
-  group.backend = &layer.backend();
+  group.backend = &backend;
   group.spec = spec;
   group.config = config;
   group.chunk = chunk;
   group.shape = shape;
-  group.builder = layer.backend().make_builder(spec, config, device);
+  group.builder = backend.make_builder(spec, config, device);
   list.push_back(std::move(group));
   return static_cast<int>(list.size()) - 1;
 }
@@ -260,6 +287,26 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   if (o.max_model_len < 0) throw UsageError("--max-model-len: " + std::to_string(o.max_model_len) + " must be >= 1");
 
   std::vector<LayerShape> shapes = s.preset->layers(o.num_layers);
+  if (o.tensor_parallel_size < 1) {
+    throw UsageError("--tensor-parallel-size: " + std::to_string(o.tensor_parallel_size) + " must be >= 1");
+  }
+  for (LayerShape& shape : shapes) {
+    const int tp = o.tensor_parallel_size;
+    if (shape.num_heads % tp != 0) {
+      throw UsageError("--tensor-parallel-size: " + std::to_string(tp) + " does not divide the " +
+                       std::to_string(shape.num_heads) + " query heads of " + s.preset->name);
+    }
+    shape.num_heads /= tp;
+    // KV heads are split when they divide evenly and replicated otherwise (vLLM); MLA keeps its
+    // one latent head.
+    if (shape.kind != LayerKind::mla) {
+      if (shape.num_kv_heads >= tp && shape.num_kv_heads % tp != 0) {
+        throw UsageError("--tensor-parallel-size: " + std::to_string(tp) + " does not divide the " +
+                         std::to_string(shape.num_kv_heads) + " KV heads of " + s.preset->name);
+      }
+      shape.num_kv_heads = std::max(1, shape.num_kv_heads / tp);
+    }
+  }
   for (const LayerShape& shape : shapes) {
     if (shape.kind == LayerKind::chunked_local && shape.attention_chunk_size % o.block_size != 0) {
       throw UsageError("--block-size: " + std::to_string(o.block_size) + " does not divide the attention_chunk_size " +
@@ -275,24 +322,33 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     const LayerShape& shape = shapes[i];
     std::string name = "model.layers." + std::to_string(i) + ".self_attn.attn";
     if (shape.kind == LayerKind::mla) {
-      SelectorConfig c;
-      c.head_size = shape.selector_head_size();
-      c.dtype = o.dtype;
-      c.kv_cache_dtype = o.kv_cache_dtype;
-      c.block_size = o.block_size;
-      c.use_mla = true;
-      c.device = o.device;
+      MLAAttentionLayerParams p;
+      p.num_heads = shape.num_heads;
+      p.scale = shape.scale;
+      p.kv_lora_rank = shape.kv_lora_rank;
+      p.qk_nope_head_dim = shape.qk_nope_head_dim;
+      p.qk_rope_head_dim = shape.qk_rope_head_dim;
+      p.qk_head_dim = shape.qk_nope_head_dim + shape.qk_rope_head_dim;
+      p.v_head_dim = shape.v_head_dim;
+      p.kv_cache_dtype = o.kv_cache_dtype;
+      p.block_size = o.block_size;
+      p.prefix = name;
+      p.dtype = o.dtype;
+      p.device = o.device;
+      p.backend = o.backend;
+      LayerState ls;
+      ls.shape = shape;
       try {
-        const AttentionBackend& b = get_attn_backend(c, o.backend);
-        throw UnsupportedConfiguration(
-            s.preset->name + ": layer " + name + " is MLA; backend " + std::string(b.name()) +
-            " accepts use_mla, but the simulator drives standard Attention layers only (the library "
-            "exposes no MLA layer in include/pagedattn), so it cannot run this model");
+        ls.mla = std::make_unique<MLAAttention>(p);
       } catch (const Error& e) {
-        throw UnsupportedConfiguration(s.preset->name + ": layer " + name + " (MLA, latent " +
-                                       std::to_string(shape.kv_lora_rank) + "+" + std::to_string(shape.qk_rope_head_dim) +
-                                       ", " + std::to_string(shape.num_heads) + " heads) cannot run: " + one_line(e.what()));
+        std::string msg = s.preset->name + ": layer " + name + " (MLA, latent " + std::to_string(shape.kv_lora_rank) +
+                          "+" + std::to_string(shape.qk_rope_head_dim) + ", " + std::to_string(shape.num_heads) +
+                          " heads) cannot run: " + one_line(e.what());
+        if (is_selector_error(e)) throw UnsupportedConfiguration(msg);
+        throw UsageError(msg);
       }
+      s.layers.push_back(std::move(ls));
+      continue;
     }
     AttentionLayerParams p;
     p.num_heads = shape.num_heads;
@@ -334,7 +390,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   sc.chunked_prefill = o.chunked_prefill;
   sc.long_prefill_token_threshold = o.long_prefill_token_threshold;
   int64_t page_bytes = 0;  // one block in every layer's cache
-  for (const LayerState& l : s.layers) page_bytes += l.layer->kv_cache_spec().page_size_bytes();
+  for (const LayerState& l : s.layers) page_bytes += l.kv_cache_spec().page_size_bytes();
   if (o.num_blocks > 0) {
     sc.num_blocks = o.num_blocks;
   } else {
@@ -362,10 +418,37 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   s.tolerance = check_tolerance(o.dtype, o.kv_cache_dtype);
   for (size_t i = 0; i < s.layers.size(); ++i) {
     LayerState& l = s.layers[i];
-    l.cache = l.layer->allocate_kv_cache(sc.num_blocks);
+    l.cache = l.allocate_kv_cache(sc.num_blocks);
     s.kv_cache_bytes += static_cast<int64_t>(l.cache.nbytes());
-    l.group = s.add_group(s.groups, *l.layer, l.shape, o.device);
+    l.group = s.add_group(s.groups, l, false, o.device);
     s.groups[static_cast<size_t>(l.group)].layers.push_back(static_cast<int>(i));
+    if (l.mla) {
+      if (!s.kv_b_proj_host.defined()) {
+        const LayerShape& sh = l.shape;
+        s.kv_b_proj_host = Tensor(Shape{int64_t{sh.num_heads} * (sh.qk_nope_head_dim + sh.v_head_dim), sh.kv_lora_rank},
+                                  o.dtype, Device::cpu);
+        fill_normal(s.kv_b_proj_host, o.seed ^ 0xB0B0u, 1.f / std::sqrt(static_cast<float>(sh.kv_lora_rank)));
+        if (o.device != Device::cpu) s.kv_b_proj_device = s.kv_b_proj_host.to(o.device);
+      }
+      l.mla->process_weights_after_loading(o.device == Device::cpu ? s.kv_b_proj_host.view() : s.kv_b_proj_device.view());
+      if (s.check) {
+        MLAAttentionLayerParams rp = l.mla->params();
+        rp.backend = "REFERENCE_MLA";
+        rp.prefill_backend = "";
+        rp.device = Device::cpu;
+        try {
+          l.ref_mla = std::make_unique<MLAAttention>(rp);
+        } catch (const Error& e) {
+          throw UnsupportedConfiguration("--check: the REFERENCE_MLA backend cannot run layer " + rp.prefix + ": " +
+                                         one_line(e.what()));
+        }
+        l.ref_mla->process_weights_after_loading(s.kv_b_proj_host.view());
+        l.ref_cache = l.ref_mla->allocate_kv_cache(sc.num_blocks);
+        l.ref_group = s.add_group(s.ref_groups, l, true, Device::cpu);
+        s.ref_groups[static_cast<size_t>(l.ref_group)].layers.push_back(static_cast<int>(i));
+      }
+      continue;
+    }
     if (s.check) {
       AttentionLayerParams rp = l.layer->params();
       rp.backend = "REFERENCE";
@@ -376,7 +459,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
         throw UnsupportedConfiguration("--check: the REFERENCE backend cannot run layer " + rp.prefix + ": " + one_line(e.what()));
       }
       l.ref_cache = l.ref_layer->allocate_kv_cache(sc.num_blocks);
-      l.ref_group = s.add_group(s.ref_groups, *l.ref_layer, l.shape, Device::cpu);
+      l.ref_group = s.add_group(s.ref_groups, l, true, Device::cpu);
       s.ref_groups[static_cast<size_t>(l.ref_group)].layers.push_back(static_cast<int>(i));
     }
   }
@@ -390,6 +473,12 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   int64_t per_token = 0, out_per_token = 0;
   for (const LayerState& l : s.layers) {
     const LayerShape& sh = l.shape;
+    if (l.mla) {  // q (T, H, P + R), kv_c (T, L), k_pe (T, R); output (T, H, V)
+      per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * (sh.qk_nope_head_dim + sh.qk_rope_head_dim),
+                                     int64_t{sh.kv_lora_rank}});
+      out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.v_head_dim);
+      continue;
+    }
     per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * sh.head_size,
                                    int64_t{sh.num_kv_heads} * std::max(sh.head_size, sh.value_head_size())});
     out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.value_head_size());
@@ -522,6 +611,7 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
 
   ForwardContext ctx, ref_ctx;
   for (LayerState& l : layers) {
+    if (l.mla) continue;  // MLA layers get their metadata and cache directly
     ctx.attn_metadata[l.layer->name()] = metadata[static_cast<size_t>(l.group)];
     ctx.kv_caches[l.layer->name()] = l.cache.view();
     if (check_step) {
@@ -542,6 +632,45 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
                         Shape{num_tokens, heads, dim}, pool.device());
     };
     const Tensor& pool = o.device == Device::cpu ? pool_host : pool_device;
+    auto record_error = [&](const TensorView& out, const TensorView& ref_out) {
+      double err;
+      if (o.device == Device::cpu) {
+        err = output_relative_error(out, ref_out);
+      } else {
+        Tensor out_host(out.shape(), o.dtype, Device::cpu);
+        out_host.copy_from(out);
+        err = output_relative_error(out_host.view(), ref_out);
+      }
+      l.max_rel_error = std::max(l.max_rel_error, err);
+      ++l.checked_steps;
+    };
+    if (l.mla) {
+      // q (T, H, P + R), kv_c_normed (T, L), k_pe (T, R) -> output (T, H, V)
+      const int64_t qk = sh.qk_nope_head_dim + sh.qk_rope_head_dim, lora = sh.kv_lora_rank;
+      const int64_t rope = sh.qk_rope_head_dim, vdim = sh.v_head_dim;
+      auto at = [&](const Tensor& p, int64_t off, Shape shape) {
+        return TensorView(static_cast<char*>(p.data()) + off * static_cast<int64_t>(esize), o.dtype, shape, p.device());
+      };
+      TensorView q = at(pool, q_off, {num_tokens, hq, qk}), kv_c = at(pool, k_off, {num_tokens, lora});
+      TensorView k_pe = at(pool, v_off, {num_tokens, rope});
+      TensorView out(output.data(), o.dtype, Shape{num_tokens, hq, vdim}, o.device);
+      if (check_step) output.fill_bytes(0xFF);  // every element must be written
+      auto t0 = Clock::now();
+      l.mla->forward(q, kv_c, k_pe, l.cache.view(), *metadata[static_cast<size_t>(l.group)], out);
+      if (o.device == Device::cuda) synchronize_cuda();
+      rec.forward_seconds += seconds_since(t0);
+      if (!check) continue;
+      TensorView qh = at(pool_host, q_off, {num_tokens, hq, qk}), kv_ch = at(pool_host, k_off, {num_tokens, lora});
+      TensorView k_peh = at(pool_host, v_off, {num_tokens, rope});
+      if (!check_step) {
+        concat_and_cache_mla(kv_ch, k_peh, l.ref_cache.view(), slots_host, o.kv_cache_dtype, l.ref_mla->scales().k_scale);
+        continue;
+      }
+      TensorView ref_out(ref_output.data(), o.dtype, Shape{num_tokens, hq, vdim}, Device::cpu);
+      l.ref_mla->forward(qh, kv_ch, k_peh, l.ref_cache.view(), *ref_metadata[static_cast<size_t>(l.ref_group)], ref_out);
+      record_error(out, ref_out);
+      continue;
+    }
     TensorView q = view(pool, q_off, hq, d), k = view(pool, k_off, hkv, d), v = view(pool, v_off, hkv, dv);
     TensorView out(output.data(), o.dtype, Shape{num_tokens, hq, dv}, o.device);
     if (check_step) output.fill_bytes(0xFF);  // every element must be written
@@ -560,16 +689,7 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
     }
     TensorView ref_out(ref_output.data(), o.dtype, Shape{num_tokens, hq, dv}, Device::cpu);
     ref_ctx.forward(*l.ref_layer, qh, kh, vh, ref_out);
-    double err;
-    if (o.device == Device::cpu) {
-      err = output_relative_error(out, ref_out);
-    } else {
-      Tensor out_host(Shape{num_tokens, hq, dv}, o.dtype, Device::cpu);
-      out_host.copy_from(out);
-      err = output_relative_error(out_host.view(), ref_out);
-    }
-    l.max_rel_error = std::max(l.max_rel_error, err);
-    ++l.checked_steps;
+    record_error(out, ref_out);
   }
 
   // Accounting: the work the step asked of every layer.
@@ -588,6 +708,10 @@ RunReport Simulation::run(std::ostream* progress) {
   RunReport report;
   report.options = o;
   report.preset_summary = s.preset->summary(o.num_layers);
+  if (o.tensor_parallel_size > 1) {
+    report.preset_summary += "; one rank of tensor parallelism " + std::to_string(o.tensor_parallel_size) + " (" +
+                             std::to_string(s.layers.front().shape.num_heads) + " query heads per layer)";
+  }
   report.preset_source = s.preset->source;
   report.threads = s.threads;
   report.num_blocks = s.scheduler->config().num_blocks;
@@ -636,9 +760,9 @@ RunReport Simulation::run(std::ostream* progress) {
   for (size_t i = 0; i < s.layers.size(); ++i) {
     const LayerState& l = s.layers[i];
     LayerReport lr;
-    lr.name = l.layer->name();
+    lr.name = l.name();
     lr.kind = l.shape.describe();
-    lr.backend = std::string(l.layer->backend().name());
+    lr.backend = std::string(l.backend().name());
     lr.group = l.group;
     lr.checked_steps = l.checked_steps;
     lr.max_rel_error = l.max_rel_error;

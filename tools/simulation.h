@@ -41,6 +41,7 @@ namespace pagedattn::cli {
 struct RunOptions {
   std::string preset = "tiny";
   int num_layers = 0;                 // 0 = the preset's
+  int tensor_parallel_size = 1;       // heads of one rank: num_heads / N, max(1, num_kv_heads / N)
   Device device = Device::cpu;
   std::string backend;                // "" = the selector's choice per layer
   DType dtype = DType::bf16;

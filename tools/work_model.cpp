@@ -29,12 +29,22 @@ AttentionWork attention_work(const LayerShape& shape, DType dtype, DType kv_stor
         for (int64_t p = first; p < s; ++p) pairs += static_cast<double>(p % chunk + 1);
         break;
       }
-      default:  // full (and MLA, which the simulator does not run)
+      default:  // full and MLA
         // sum of (p + 1) for p in [first, s)
         pairs = (static_cast<double>(s) * (s + 1) - static_cast<double>(first) * (first + 1)) / 2;
         break;
     }
     const double keys = static_cast<double>(s - lowest_key);
+    if (shape.kind == LayerKind::mla) {
+      // One latent row (L + R) per key; q (P + R) in, o (V) out per head. A decode (1 query)
+      // attends in the latent space (L + R keys, L values); a prefill in the up-projected one.
+      const double latent = shape.kv_lora_rank + shape.qk_rope_head_dim;
+      const double qk = shape.qk_nope_head_dim + shape.qk_rope_head_dim;
+      w.bytes += keys * latent * kv + static_cast<double>(q) * hq * (qk + shape.v_head_dim) * act;
+      const double per_pair = q == 1 ? latent + shape.kv_lora_rank : qk + shape.v_head_dim;
+      w.flops += 2.0 * per_pair * hq * pairs;
+      continue;
+    }
     w.bytes += keys * hkv * (d + dv) * kv + static_cast<double>(q) * hq * (d + dv) * act;
     w.flops += 2.0 * (d + dv) * hq * pairs;
   }

@@ -4,6 +4,9 @@
 //          (T x Hq x D and T x Hq x Dv activation elements);
 //   FLOPs: 2 (D + Dv) per (query, visible key) pair per query head (= 4·q·k·d for D = Dv),
 //          counting only the keys a query actually sees (causal, window, chunk).
+// MLA: one latent row (L + R) per visible key, q (P + R) and o (V) per head; FLOPs 2 (2L + R)
+// per pair and head for a decode (absorbed: latent keys, L-dim values), 2 (P + R + V) for a
+// prefill (the up-projection GEMMs are not counted).
 // Visible keys of a query at absolute position p: full p + 1; sliding window W min(p + 1, W);
 // chunked local C p mod C + 1.
 #pragma once

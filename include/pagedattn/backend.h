@@ -22,6 +22,22 @@
 
 namespace pagedattn {
 
+// The dimensions of an MLA (multi-head latent attention, DeepSeek-V2/V3) layer, as vLLM's
+// MLADimensions. The latent cache holds kv_lora_rank + qk_rope_head_dim numbers per token.
+struct MLADimensions {
+  int kv_lora_rank = 0;       // L (512 for DeepSeek-V3)
+  int qk_nope_head_dim = 0;   // P (128)
+  int qk_rope_head_dim = 0;   // R (64)
+  int v_head_dim = 0;         // V (128)
+  int latent_head_size() const { return kv_lora_rank + qk_rope_head_dim; }  // cache row: 576
+  int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }   // prefill q/k: 192
+  bool empty() const { return kv_lora_rank == 0; }
+  std::string to_string() const;  // "MLADimensions(kv_lora_rank=512, qk_nope_head_dim=128, ...)"
+  bool operator==(const MLADimensions&) const = default;
+};
+
+class MLABackend;  // mla.h
+
 // What the selector checks a backend against (vLLM's selector arguments + the layer features).
 struct SelectorConfig {
   int head_size = 128;
@@ -39,6 +55,10 @@ struct SelectorConfig {
   bool use_sliding_window = false;
   bool use_logits_soft_cap = false;
   bool fp8_output = false;             // output quantized with output_scale
+  // MLA layers (use_mla = true): head_size is mla_dimensions.latent_head_size() and num_heads the
+  // layer's query heads (MLA decode kernels tile the heads of the one latent KV head).
+  MLADimensions mla_dimensions;
+  int num_heads = 0;                   // 0 = not given (standard layers)
 };
 
 // The layer parameters an impl is made from (vLLM AttentionImpl.__init__ + sinks, dtype).
@@ -89,6 +109,12 @@ struct BuilderConfig {
   bool use_alibi = false;
   AttentionType attn_type = AttentionType::decoder;
   int num_sms = 0;                     // 0 = ask the device (CPU: number of threads)
+  // MLA groups only (spec.kind == mla): the layer dimensions and the activation dtype (the
+  // builder owns the step's MLA workspaces), and the chunked-prefill workspace in tokens
+  // (0 = vLLM's rule, see mla.h). num_heads above is the layers' query heads.
+  MLADimensions mla_dimensions;
+  DType mla_dtype = DType::bf16;
+  int64_t mla_chunked_prefill_workspace_tokens = 0;
 };
 
 // Base of every backend's plan. Backends derive from it; impls downcast their own type.
@@ -193,6 +219,8 @@ class AttentionBackend {
   // Empty = usable. Each reason is a full sentence naming the value and what is supported.
   virtual std::vector<std::string> validate_configuration(const SelectorConfig& config) const = 0;
   virtual BackendCapabilities capabilities() const = 0;
+  // MLA backends (mla.h) return themselves; standard backends nullptr.
+  virtual const MLABackend* as_mla() const { return nullptr; }
   // Allocates a cache for this backend: kv_cache_shape in kv_cache_stride_order.
   Tensor allocate_kv_cache(int64_t num_blocks, int block_size, int num_kv_heads, int head_size,
                            DType storage_dtype, Device device) const;

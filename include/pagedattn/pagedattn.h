@@ -9,6 +9,7 @@
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/layer.h"
 #include "pagedattn/metadata.h"
+#include "pagedattn/mla.h"
 #include "pagedattn/ops.h"
 #include "pagedattn/selector.h"
 #include "pagedattn/tensor.h"

@@ -12,6 +12,13 @@
 
 namespace pagedattn {
 
+std::string MLADimensions::to_string() const {
+  return "MLADimensions(kv_lora_rank=" + std::to_string(kv_lora_rank) +
+         ", qk_nope_head_dim=" + std::to_string(qk_nope_head_dim) +
+         ", qk_rope_head_dim=" + std::to_string(qk_rope_head_dim) +
+         ", v_head_dim=" + std::to_string(v_head_dim) + ")";
+}
+
 Shape AttentionBackend::kv_cache_shape(int64_t num_blocks, int block_size, int num_kv_heads,
                                        int head_size, std::string_view cache_dtype) const {
   const std::string backend(name());

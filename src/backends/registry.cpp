@@ -13,9 +13,12 @@
 // One include per backend (CUDA ones under #if PAGEDATTN_HAS_CUDA).
 #if PAGEDATTN_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/mla_cuda_backend.h"
 #endif
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/cpu_mla_backend.h"
 #include "backends/reference/reference_backend.h"
+#include "backends/reference/reference_mla.h"
 
 namespace pagedattn {
 namespace {
@@ -26,9 +29,12 @@ using BackendAccessor = const AttentionBackend& (*)();
 constexpr BackendAccessor kBackendTable[] = {
 #if PAGEDATTN_HAS_CUDA
     &cuda_backend,       // Hopper paged attention, mixed prefill + decode in one launch
+    &cuda_mla_backend,   // MLA latent decode (split-KV) + CUDA MLA prefill
 #endif
     &cpu_backend,        // flash-style SIMD (AVX-512 / AVX2 / scalar) + OpenMP
+    &cpu_mla_backend,    // MLA on the CPU kernels (latent MQA decode, up-projected prefill)
     &reference_backend,  // fp64 oracle, every feature: always last
+    &reference_mla_backend,  // MLA fp64 oracle (use_mla = true only): last of the MLA backends
 };
 
 bool equal_ignoring_case(std::string_view a, std::string_view b) {

@@ -5,6 +5,7 @@
 
 #include "pagedattn/error.h"
 #include "pagedattn/kv_cache.h"
+#include "pagedattn/mla.h"
 
 namespace pagedattn {
 
@@ -155,6 +156,22 @@ std::string KVCacheSpec::describe() const {
   }
   os << ", page_size_bytes=" << page_size_bytes() << ")";
   return os.str();
+}
+
+KVCacheSpec mla_attention_spec(int block_size, const MLADimensions& dims, DType activation_dtype,
+                               std::string_view kv_cache_dtype) {
+  // vLLM MLAAttentionSpec: one latent row (kv_lora_rank + qk_rope_head_dim) per token.
+  PAGEDATTN_CHECK(dims.kv_lora_rank > 0, "mla_dimensions.kv_lora_rank",
+                  "mla_attention_spec: mla_dimensions.kv_lora_rank = ", dims.kv_lora_rank, " must be > 0");
+  PAGEDATTN_CHECK(dims.qk_rope_head_dim > 0, "mla_dimensions.qk_rope_head_dim",
+                  "mla_attention_spec: mla_dimensions.qk_rope_head_dim = ", dims.qk_rope_head_dim,
+                  " must be > 0");
+  PAGEDATTN_CHECK(activation_dtype == DType::f32 || activation_dtype == DType::f16 ||
+                      activation_dtype == DType::bf16,
+                  "activation_dtype", "mla_attention_spec: activation_dtype = ",
+                  dtype_name(activation_dtype), " must be float32, float16 or bfloat16");
+  return KVCacheSpec::mla(block_size, dims.latent_head_size(),
+                          kv_cache_storage_dtype(kv_cache_dtype, activation_dtype));
 }
 
 }  // namespace pagedattn

@@ -43,4 +43,20 @@ void cuda_merge_attn_states(const TensorView& output, const TensorView& prefix_o
                             const TensorView& suffix_lse, const TensorView& output_lse,
                             int64_t prefill_tokens_with_context);
 
+// MLA ops (mla.h; host checks in src/ops/mla_ops.cpp, kernels in src/backends/cuda/):
+//   cuda_concat_and_cache_mla: kv_c (N, L), k_pe (N, R) (any token stride, last dim contiguous),
+//     f32/f16/bf16; kv_cache (num_blocks, block_size, L + R) of cache_dtype, any strides with the
+//     last dim contiguous; slot_mapping i64 (N' <= N); slots -1 or outside the cache skipped.
+//     fp8: stored = saturate(x / scale).
+//   cuda_gather_and_maybe_dequant_cache: as mla.h; block ids outside [0, num_blocks) skipped
+//     (those dst rows untouched); dst (rows, L + R) any row stride, last dim contiguous.
+void cuda_concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe,
+                               const TensorView& kv_cache, const TensorView& slot_mapping,
+                               DType cache_dtype, float scale);
+void cuda_gather_and_maybe_dequant_cache(const TensorView& src_cache, const TensorView& dst,
+                                         const TensorView& block_table,
+                                         const TensorView& cu_seq_lens, int batch_size,
+                                         DType cache_dtype, float scale,
+                                         const TensorView& seq_starts);
+
 }  // namespace pagedattn::detail

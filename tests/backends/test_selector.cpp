@@ -3,6 +3,8 @@
 // every-backend error when nothing fits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <optional>
 #include <set>
@@ -62,7 +64,13 @@ std::string error_message(const std::function<void()>& fn) {
 TEST(Registry, ReferenceIsRegisteredLastAndNamesAreUnique) {
   const auto& backends = registered_backends();
   ASSERT_FALSE(backends.empty());
-  EXPECT_EQ(backends.back()->name(), "REFERENCE");
+  // REFERENCE is the last standard backend (MLA backends, e.g. REFERENCE_MLA, follow it).
+  const AttentionBackend* last_standard = nullptr;
+  for (const AttentionBackend* b : backends) {
+    if (b->as_mla() == nullptr) last_standard = b;
+  }
+  ASSERT_NE(last_standard, nullptr);
+  EXPECT_EQ(last_standard->name(), "REFERENCE");
   std::set<std::string> names;
   for (const AttentionBackend* b : backends) {
     ASSERT_NE(b, nullptr);
@@ -87,8 +95,11 @@ TEST(Selector, ExplainBackendsListsEveryBackendInOrder) {
   const auto& backends = registered_backends();
   ASSERT_EQ(reports.size(), backends.size());
   for (size_t i = 0; i < reports.size(); ++i) EXPECT_EQ(reports[i].backend, backends[i]);
-  EXPECT_EQ(reports.back().backend->name(), "REFERENCE");
-  EXPECT_TRUE(reports.back().usable()) << "REFERENCE rejects a plain f32 CPU decoder config";
+  const auto reference_report = std::find_if(reports.begin(), reports.end(), [](const auto& r) {
+    return r.backend->name() == "REFERENCE";
+  });
+  ASSERT_NE(reference_report, reports.end());
+  EXPECT_TRUE(reference_report->usable()) << "REFERENCE rejects a plain f32 CPU decoder config";
   for (const auto& r : reports) {
     for (const auto& reason : r.reasons) EXPECT_FALSE(reason.empty());
   }
@@ -151,9 +162,13 @@ TEST(Selector, ForcedButUnusableGivesItsReasons) {
   SelectorConfig config = cpu_config();
   config.use_sparse = true;
   const auto reports = explain_backends(config);
-  ASSERT_FALSE(reports.back().usable()) << "REFERENCE should not claim sparse attention";
+  const auto reference_report = std::find_if(reports.begin(), reports.end(), [](const auto& r) {
+    return r.backend->name() == "REFERENCE";
+  });
+  ASSERT_NE(reference_report, reports.end());
+  ASSERT_FALSE(reference_report->usable()) << "REFERENCE should not claim sparse attention";
   const std::string message = error_message([&] { get_attn_backend(config, "REFERENCE"); });
-  for (const auto& reason : reports.back().reasons) {
+  for (const auto& reason : reference_report->reasons) {
     EXPECT_NE(message.find(reason), std::string::npos) << message;
   }
   expect_error([&] { get_attn_backend(config, "REFERENCE"); }, "backend");

@@ -58,7 +58,7 @@ std::vector<std::string> unsupported_reasons(const SelectorConfig& config) {
   if (config.block_size <= 0 || config.block_size % 16 != 0) {
     add("block_size = ", config.block_size, " is not supported: the CUDA kernels need a positive multiple of 16.");
   }
-  if (config.use_mla) add("use_mla = true: the CUDA backend has no MLA kernels.");
+  if (config.use_mla) add("use_mla = true: the CUDA backend computes standard attention; MLA layers on cuda use CUDA_MLA.");
   if (config.use_sparse) add("use_sparse = true: the CUDA backend has no sparse attention.");
   if (config.fp8_output) add("fp8_output = true: the CUDA backend has no fused fp8 output quantization.");
   if (config.attn_type == AttentionType::encoder_decoder && config.use_alibi) {
@@ -83,7 +83,7 @@ class CudaBackend final : public AttentionBackend {
   std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec, const BuilderConfig& config,
                                                          Device device) const override {
     PAGEDATTN_CHECK(spec.kind != KVCacheSpecKind::mla, "spec",
-                    "CUDA make_builder: spec kind = mla is not supported: the CUDA backend has no MLA kernels");
+                    "CUDA make_builder: spec kind = mla is not supported: MLA layers use the CUDA_MLA backend");
     PAGEDATTN_CHECK(spec.block_size > 0 && spec.block_size % 16 == 0, "spec.block_size",
                     "CUDA make_builder: block_size = ", spec.block_size, " must be a positive multiple of 16");
     return std::make_unique<CudaMetadataBuilder>(spec, config, device);

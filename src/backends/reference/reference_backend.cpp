@@ -35,7 +35,7 @@ class ReferenceBackend final : public AttentionBackend {
                     " is not supported: the REFERENCE backend runs on the cpu");
     PAGEDATTN_CHECK(spec.kind != KVCacheSpecKind::mla, "spec",
                     "REFERENCE make_builder: spec kind = mla is not supported: the REFERENCE "
-                    "backend has no MLA path yet");
+                    "backend computes standard attention; MLA layers use REFERENCE_MLA");
     PAGEDATTN_CHECK(spec.block_size > 0, "spec.block_size",
                     "REFERENCE make_builder: block_size = ", spec.block_size, " must be positive");
     return std::make_unique<ReferenceMetadataBuilder>(spec, config);
@@ -52,8 +52,8 @@ class ReferenceBackend final : public AttentionBackend {
     };
     host::add_host_selector_reasons(config, "REFERENCE", reasons);
     if (config.use_mla) {
-      add("use_mla = true is not supported: the REFERENCE backend has no MLA path yet "
-          "(it computes standard multi-head attention only).");
+      add("use_mla = true is not supported: the REFERENCE backend computes standard multi-head "
+          "attention only; the fp64 MLA oracle is the REFERENCE_MLA backend.");
     }
     if (config.head_size < 1 || config.head_size > kMaxHeadSize) {
       add("head_size = ", config.head_size,

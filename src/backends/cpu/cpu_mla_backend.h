@@ -1,0 +1,75 @@
+// The CPU MLA backend ("CPU_MLA"): DeepSeek-style multi-head latent attention on the CPU. Decode
+// runs the latent MQA (one KV head of L + R, values = its first L elements, all H query heads in
+// one group) on the CPU backend's tile kernels; prefill goes through MLACommonImpl and the
+// selected MLA prefill backend (the CPU one: cpu_mla_prefill.h). Registered right after CPU in
+// backends/registry.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cpu_kernels.h"
+#include "pagedattn/backend.h"
+#include "pagedattn/mla.h"
+#include "pagedattn/tensor.h"
+
+namespace pagedattn {
+
+// The one CPU MLA backend object (static lifetime). name() == "CPU_MLA".
+const AttentionBackend& cpu_mla_backend();
+
+namespace cpu {
+
+// Decode memory of one builder, allocated once at construction: per-thread tile scratch for
+// head size L + R, value size L and H rows (one decode token), and split-KV partial rows.
+struct CpuMlaDecodeWorkspace {
+  int num_threads = 1;
+  int num_heads = 0;
+  int max_rows = 0;                   // rows of the largest item = num_heads
+  int head_size = 0, head_size_v = 0; // L + R, L
+  size_t scratch_stride = 0;          // bytes per thread, multiple of 64
+  Tensor scratch;                     // (num_threads * scratch_stride,) u8
+  int64_t partial_capacity_rows = 0;
+  int64_t partial_o_stride = 0;       // floats per partial row (L rounded up to 16)
+  Tensor partial_o;                   // (partial_capacity_rows, partial_o_stride) f32
+  Tensor partial_ml;                  // (partial_capacity_rows, 2) f32: running max, sum
+  size_t bytes() const;
+};
+
+// The CPU decode plan, computed in build() (decode requests are requests [0, num_decodes)):
+// one work item per (decode request, key split), largest first; split-KV when the decodes give
+// fewer than kItemsPerThread items per thread, each split writing partial rows that a merge
+// task combines by LSE.
+struct CpuMlaMetadata final : MLAMetadata {
+  std::vector<int32_t> decode_query_start_loc;  // (num_decodes + 1,) decode token axis
+  std::vector<int32_t> decode_first_pos;        // (num_decodes,) seq_len - query_len
+  // The decode rows of the step's block table, copied (the plan does not depend on the
+  // caller's tensor): (num_decodes, decode_block_table_cols) row-major, the blocks in use.
+  std::vector<int32_t> decode_block_table;
+  int64_t decode_block_table_cols = 0;
+  std::vector<WorkItem> items;
+  std::vector<MergeTask> merges;
+  int64_t partial_rows_used = 0;
+  int block_size = 0;
+  std::shared_ptr<CpuMlaDecodeWorkspace> cpu_workspace;
+};
+
+// The decode workspace of a builder (threads from resolve_num_threads(num_threads)).
+std::shared_ptr<CpuMlaDecodeWorkspace> make_mla_decode_workspace(int num_threads, int num_heads,
+                                                                 const MLADimensions& dims);
+
+// The latent attention of a plan's decode tokens (forward_decode after its checks; also the
+// benchmark's entry): q_latent (Td, H, L + R) in `activation`, kv_cache (num_blocks, block_size,
+// L + R) with keys = rows, values = rows[:L] (fp8: x * k_scale), o_latent (Td, H, L), lse (H, Td)
+// f32 or undefined. Arguments are NOT checked here. Allocates nothing.
+void run_latent_decode(const CpuMlaMetadata& plan, const TensorView& q_latent,
+                       const TensorView& kv_cache, DType activation, float scale, float k_scale,
+                       const TensorView& o_latent, const TensorView& lse);
+
+// The decode items and merges of `num_decodes` requests with the given query token ranges and
+// key counts (exposed for tests): fills items / merges / partial_rows_used of `plan`.
+void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& workspace);
+
+}  // namespace cpu
+}  // namespace pagedattn

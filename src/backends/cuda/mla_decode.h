@@ -1,0 +1,87 @@
+// The CUDA_MLA decode plan and kernel entry points (host/device shared plain structs; no CUDA
+// types). The kernel is documented in mla_decode.cu.
+//
+// Plan (FlashMLA-style balanced split-KV): the decode requests' key ranges, in 64-key tiles, are
+// laid end to end and cut into `num_parts` parts of about equal cost (tiles + a fixed per-segment
+// overhead). A part is a list of SEGMENTS (request, [kv_start, kv_end)); one CTA per (part, head
+// tile) runs its segments in order. A request cut by a part boundary has several segments: each
+// writes an f32 partial (o, LSE) into slot partial_row of the partial buffers and the combine
+// kernel merges the request's slots; an uncut request writes the output directly.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pagedattn/dtype.h"
+
+namespace pagedattn::cuda::mla_decode {
+
+inline constexpr int kLatent = 576;       // kv_lora_rank + qk_rope_head_dim: key width
+inline constexpr int kValue = 512;        // kv_lora_rank: value width (first 512 of each row)
+inline constexpr int kKeysPerTile = 64;
+
+struct Segment {
+  int32_t request;       // decode request (row of q / block table)
+  int32_t kv_start;      // keys [kv_start, kv_end), kv_start a multiple of kKeysPerTile
+  int32_t kv_end;
+  int32_t partial_row;   // -1: write the output; else slot (rows slot * H .. + H of the partials)
+};
+
+struct RequestSplit {
+  int32_t num_splits;    // 1: written directly
+  int32_t partial_base;  // first slot of the request's segments
+};
+
+struct Plan {
+  std::vector<Segment> segments;
+  std::vector<int32_t> part_begin;      // (num_parts + 1,) segment ranges of the parts
+  std::vector<RequestSplit> splits;     // (num_requests,)
+  int num_parts = 0;
+  int num_partial_slots = 0;
+  bool any_split = false;
+};
+
+// Capacity of a plan for `max_requests` requests cut into at most `max_parts` parts.
+inline int64_t max_segments(int64_t max_requests, int64_t max_parts) { return max_requests + max_parts; }
+inline int64_t max_partial_slots(int64_t max_parts) { return 2 * max_parts; }
+
+// seq_lens (num_requests,) >= 0; num_parts >= 1.
+Plan make_plan(std::span<const int32_t> seq_lens, int num_parts);
+
+// Rows (query heads) of one CTA for a head count: 16 up to 32 heads, else 64.
+int rows_per_cta(int num_heads);
+
+struct DecodeParams {
+  const void* q;              // (B, H, 576):(q_token_stride, q_head_stride, 1)
+  int64_t q_token_stride, q_head_stride;
+  const void* cache;          // (num_blocks, block_size, 576):(block_stride, token_stride, 1)
+  int64_t block_stride, token_stride;
+  int64_t num_blocks;         // page ids outside [0, num_blocks) read as zeros
+  const int32_t* block_table; // (B, cols):(bt_stride, 1)
+  int64_t bt_stride;
+  int32_t block_size;
+  int32_t num_heads;
+  void* out;                  // (B, H, 512):(o_token_stride, o_head_stride, 1), activation dtype
+  int64_t o_token_stride, o_head_stride;
+  float* lse;                 // (H, B):(lse_head_stride, lse_token_stride) or nullptr
+  int64_t lse_head_stride, lse_token_stride;
+  const Segment* segments;
+  const int32_t* part_begin;
+  const RequestSplit* splits;
+  float* partial_out;         // (slots, H, 512) f32
+  float* partial_lse;         // (slots, H) f32, natural log
+  int32_t num_requests;
+  float scale_log2;           // softmax scale * k_scale * log2(e)
+  float out_scale;            // k_scale for fp8 caches, else 1
+};
+
+// cache_dtype: f16/bf16 (must equal activation) or fp8_e4m3/e5m2. Enqueues the decode kernel
+// (num_parts * head tiles CTAs) and, when any_split, the combine kernel.
+void launch_decode(const DecodeParams& params, DType activation, DType cache_dtype, int num_parts,
+                   bool any_split, void* stream);
+
+// Dynamic shared memory of the kernel variant used for num_heads (for reports).
+int decode_smem_bytes(int num_heads, bool fp8);
+
+}  // namespace pagedattn::cuda::mla_decode

@@ -1,0 +1,156 @@
+// Internal: the parts every MLA backend shares (vLLM's MLACommonMetadataBuilder / MLACommonImpl).
+//
+//   MLAWorkspace              the step buffers, allocated once by the builder for its limits
+//   MLACommonMetadataBuilder  the plan: decode/prefill split (decodes first, threshold 1), the
+//                             prefill request arrays, the chunked-context plan (mla.h), device
+//                             copies; a backend adds its decode plan in plan_decode()
+//   MLACommonImpl             the run: cache write, absorbed decode around the backend's latent
+//                             attention (forward_decode), up-projected prefill through the
+//                             selected MLAPrefillBackend, chunk loop and LSE merge
+//   batched_gemm / copy_3d    the device primitives the run needs (CPU here, CUDA in
+//                             src/backends/cuda/mla_device_ops.cu)
+//
+// The REFERENCE_MLA backend does NOT use MLACommonImpl: it is the independent fp64 oracle of the
+// un-absorbed formula. It does use MLACommonMetadataBuilder (the plan is what it reads).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "pagedattn/backend.h"
+#include "pagedattn/mla.h"
+#include "pagedattn/tensor.h"
+
+namespace pagedattn {
+
+// Step buffers of one MLA layer group (dims from BuilderConfig; T = max_num_batched_tokens,
+// S = max_num_seqs, W = chunked-prefill workspace tokens, rows = max(T, W)). All on the
+// builder's device, activation dtype unless noted. Shared by the layers of the group (they run
+// one after another on one stream). kv_up / k_full hold one up-projected context chunk: with
+// H = 128 and vLLM's default W = 64Ki that is several GiB, so large-H deployments should pass a
+// smaller BuilderConfig::mla_chunked_prefill_workspace_tokens.
+struct MLAWorkspace {
+  Device device = Device::cpu;
+  DType dtype = DType::bf16;
+  MLADimensions dims;
+  int num_heads = 0;
+  int64_t max_tokens = 0, max_seqs = 0, workspace_tokens = 0;
+  // decode (at most S decode tokens: threshold 1)
+  Tensor q_latent;      // (S, H, L + R)
+  Tensor o_latent;      // (S, H, L)
+  Tensor decode_lse;    // (H, S) f32
+  // prefill
+  Tensor gather;        // (W, L + R)          context chunk gathered from the cache
+  Tensor kv_up;         // (rows, H, P + V)    kv_c · [W_UK | W_UV]ᵀ per head
+  Tensor k_full;        // (rows, H, P + R)    [k_nope, k_pe broadcast]
+  Tensor suffix_out;    // (T, H, V)           new-token attention
+  Tensor chunk_out;     // (T, H, V)           one context chunk
+  Tensor context_out;   // (T, H, V)           context chunks merged so far
+  Tensor suffix_lse, chunk_lse, context_lse, merged_lse;  // (H, T) f32
+  size_t bytes() const;
+};
+
+namespace mla {
+
+// ---- device primitives (dispatch on the tensors' device) -----------------------------------
+// One operand of a batched matrix product: element (b, i, j) at
+// data + b*batch_stride + i*row_stride + j*col_stride (elements of dtype).
+struct MatrixRef {
+  const void* data = nullptr;
+  DType dtype = DType::bf16;
+  int64_t batch_stride = 0, row_stride = 0, col_stride = 1;
+};
+struct MutableMatrixRef {
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+  int64_t batch_stride = 0, row_stride = 0;  // columns contiguous
+};
+// C[b] (m, n) = A[b] (m, k) · B[b] (k, n) for b < batch; f32 accumulation, each C element
+// rounded once to C's dtype. Operands f32/f16/bf16. CUDA: one of each operand's row/col stride
+// is 1; enqueued on the current stream.
+void batched_gemm(Device device, int batch, int m, int n, int k, const MatrixRef& a,
+                  const MatrixRef& b, const MutableMatrixRef& c);
+// dst (d0, d1, d2) = src (d0, d1, d2), converting dtype (f32/f16/bf16); any strides, stride 0
+// allowed in src (broadcast). The innermost dim of both is contiguous.
+void copy_3d(const TensorView& src, const TensorView& dst);
+#if PAGEDATTN_HAS_CUDA
+// CUDA implementations (src/backends/cuda/mla_device_ops.cu), called by the two above.
+void cuda_batched_gemm(int batch, int m, int n, int k, const MatrixRef& a, const MatrixRef& b,
+                       const MutableMatrixRef& c);
+void cuda_copy_3d(const TensorView& src, const TensorView& dst);
+#endif
+
+// ---- plan -----------------------------------------------------------------------------------
+class MLACommonMetadataBuilder : public AttentionMetadataBuilder {
+ public:
+  MLACommonMetadataBuilder(KVCacheSpec spec, const BuilderConfig& config, Device device);
+  ~MLACommonMetadataBuilder() override;
+  // Requires the batch ordered decodes first (reorder_batch; Error naming "common" otherwise).
+  std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
+                                                 const CommonAttentionMetadata& common,
+                                                 bool fast_build = false) override;
+  int reorder_batch_threshold() const override { return 1; }
+  size_t workspace_bytes() const override;
+  const BuilderConfig& config() const { return config_; }
+  Device device() const { return device_; }
+
+ protected:
+  // The backend's metadata type (derived from MLAMetadata) and its decode plan. plan_decode runs
+  // after the common fields are filled, only when num_decodes > 0.
+  virtual std::shared_ptr<MLAMetadata> make_metadata() const;
+  virtual void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& common);
+
+  BuilderConfig config_;
+  Device device_;
+  std::unique_ptr<MLAWorkspace> workspace_;
+
+ private:
+  struct DeviceArrays;  // device copies of the plan arrays (staged, owned here)
+  std::unique_ptr<DeviceArrays> arrays_;
+};
+
+// ---- run ------------------------------------------------------------------------------------
+class MLACommonImpl : public MLAAttentionImpl {
+ public:
+  // Picks the prefill backend (get_mla_prefill_backend on params.device; forced by
+  // params.prefill_backend) and creates it.
+  explicit MLACommonImpl(MLAImplParams params);
+  void process_weights_after_loading(const TensorView& kv_b_proj_weight) override;
+  void do_kv_cache_update(const LayerScales& scales, const TensorView& kv_c_normed,
+                          const TensorView& k_pe, const TensorView& kv_cache,
+                          const AttentionMetadata& metadata) override;
+  void forward(const LayerScales& scales, const TensorView& q, const TensorView& kv_c_normed,
+               const TensorView& k_pe, const TensorView& kv_cache, const AttentionMetadata& metadata,
+               const TensorView& output, const TensorView& output_lse = {}) override;
+  std::string_view prefill_backend_name() const override;
+
+ protected:
+  // The backend's latent attention for the decode tokens (one per decode request):
+  //   q_latent (Td, H, L + R), kv_cache (num_blocks, block_size, L + R) (fp8 read = x * k_scale),
+  //   keys = whole cache rows, values = rows[:L], scale = params().scale, keys [0, seq_len) of
+  //   decode request i (metadata.decode.seq_lens / block_table);
+  //   writes o_latent (Td, H, L) and, when defined, lse (H, Td) f32 natural log.
+  //   Layouts: q_latent / o_latent are the workspace's rows, (Td, H, D):(H*D, D, 1); lse is a
+  //   view of the caller's output_lse columns [0, Td), so its row stride is output_lse.stride(0)
+  //   (not Td): index it as lse.stride(0) * h + lse.stride(1) * t.
+  virtual void forward_decode(const LayerScales& scales, const TensorView& q_latent,
+                              const TensorView& kv_cache, const MLAMetadata& metadata,
+                              const TensorView& o_latent, const TensorView& lse) = 0;
+
+  Tensor w_uk_;  // (H, P, L): q_latent[t, h, :L] = q[t, h, :P] · w_uk_[h]
+  Tensor w_uv_;  // (H, L, V): out[t, h] = o_latent[t, h] · w_uv_[h]
+  Tensor w_kv_;  // (L, H * (P + V)): kv_up[t] = kv_c[t] · w_kv_ (prefill up-projection)
+  std::unique_ptr<MLAPrefillBackend> prefill_;
+  const MLAPrefillBackendClass* prefill_class_ = nullptr;
+};
+
+// Shared validate_configuration part of the MLA backends: use_mla must be true, head_size must
+// equal mla_dimensions.latent_head_size() when the dims are given, and the standard-layer
+// features (alibi, sliding window, soft cap, sinks, sparse, non-decoder types, fp8 output) are
+// rejected, each with its own reason.
+void add_mla_common_reasons(std::string_view backend_name, const SelectorConfig& config,
+                            std::vector<std::string>& reasons);
+
+}  // namespace mla
+}  // namespace pagedattn

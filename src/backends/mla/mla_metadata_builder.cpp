@@ -1,0 +1,331 @@
+// MLA plan (vLLM MLACommonMetadataBuilder): the step workspace, the decode/prefill split and the
+// chunked-context plan, with device copies of the small arrays.
+//
+// Lifetimes (as vLLM): the plan VIEWS the caller's block table and slot mapping
+// (common.block_table_tensor rows, common.slot_mapping) and, on CUDA, the builder's persistent
+// device arrays, which the next build() overwrites; on the CPU the small arrays are views of the
+// plan's own vectors. A plan is valid for the step it was built for.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/mla/mla_common.h"
+#include "core/device_memory.h"
+#include "pagedattn/error.h"
+#include "pagedattn/metadata.h"
+
+namespace pagedattn {
+
+size_t MLAWorkspace::bytes() const {
+  size_t total = 0;
+  for (const Tensor* t : {&q_latent, &o_latent, &decode_lse, &gather, &kv_up, &k_full, &suffix_out,
+                          &chunk_out, &context_out, &suffix_lse, &chunk_lse, &context_lse,
+                          &merged_lse}) {
+    total += t->nbytes();
+  }
+  return total;
+}
+
+namespace mla {
+namespace {
+
+constexpr const char* kWho = "MLA build: ";
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int32_t read_i32_at(const TensorView& t, int64_t i) {
+  const int64_t at = i * t.stride(0);
+  return t.dtype() == DType::i64 ? static_cast<int32_t>(t.data_as<const int64_t>()[at])
+                                 : t.data_as<const int32_t>()[at];
+}
+
+TensorView host_i32_view(std::vector<int32_t>& v, Shape shape) {
+  return TensorView(v.data(), DType::i32, shape, Device::cpu);
+}
+
+int64_t workspace_tokens_of(const BuilderConfig& c, int block_size) {
+  if (c.mla_chunked_prefill_workspace_tokens > 0) return c.mla_chunked_prefill_workspace_tokens;
+  return mla_chunked_prefill_workspace_tokens(c.max_model_len, c.max_num_seqs, block_size);
+}
+
+std::unique_ptr<MLAWorkspace> make_workspace(const BuilderConfig& c, int block_size,
+                                             Device device) {
+  const MLADimensions& d = c.mla_dimensions;
+  auto ws = std::make_unique<MLAWorkspace>();
+  ws->device = device;
+  ws->dtype = c.mla_dtype;
+  ws->dims = d;
+  ws->num_heads = c.num_heads;
+  ws->max_tokens = c.max_num_batched_tokens;
+  ws->max_seqs = c.max_num_seqs;
+  ws->workspace_tokens = workspace_tokens_of(c, block_size);
+  const int64_t h = c.num_heads, s = c.max_num_seqs, t = c.max_num_batched_tokens;
+  const int64_t w = ws->workspace_tokens, rows = std::max(t, w);
+  const int64_t l = d.kv_lora_rank, r = d.qk_rope_head_dim, p = d.qk_nope_head_dim,
+                v = d.v_head_dim;
+  const DType a = c.mla_dtype;
+  ws->q_latent = Tensor(Shape{s, h, l + r}, a, device);
+  ws->o_latent = Tensor(Shape{s, h, l}, a, device);
+  ws->decode_lse = Tensor(Shape{h, s}, DType::f32, device);
+  ws->gather = Tensor(Shape{w, l + r}, a, device);
+  ws->kv_up = Tensor(Shape{rows, h, p + v}, a, device);
+  ws->k_full = Tensor(Shape{rows, h, p + r}, a, device);
+  ws->suffix_out = Tensor(Shape{t, h, v}, a, device);
+  ws->chunk_out = Tensor(Shape{t, h, v}, a, device);
+  ws->context_out = Tensor(Shape{t, h, v}, a, device);
+  ws->suffix_lse = Tensor(Shape{h, t}, DType::f32, device);
+  ws->chunk_lse = Tensor(Shape{h, t}, DType::f32, device);
+  ws->context_lse = Tensor(Shape{h, t}, DType::f32, device);
+  ws->merged_lse = Tensor(Shape{h, t}, DType::f32, device);
+  return ws;
+}
+
+void check_builder_config(const KVCacheSpec& spec, const BuilderConfig& c) {
+  const char* who = "MLACommonMetadataBuilder: ";
+  const MLADimensions& d = c.mla_dimensions;
+  PAGEDATTN_CHECK(spec.kind == KVCacheSpecKind::mla, "spec", who, "spec kind = ",
+                  kv_cache_spec_kind_name(spec.kind), ", expected mla");
+  PAGEDATTN_CHECK(spec.block_size > 0, "spec.block_size", who, "block_size = ", spec.block_size,
+                  " must be > 0");
+  PAGEDATTN_CHECK(d.kv_lora_rank > 0 && d.qk_rope_head_dim > 0 && d.qk_nope_head_dim > 0 &&
+                      d.v_head_dim > 0,
+                  "config.mla_dimensions", who, "mla_dimensions = ", d.to_string(),
+                  ": every dimension must be > 0");
+  PAGEDATTN_CHECK(spec.head_size == d.latent_head_size(), "spec.head_size", who,
+                  "spec head_size = ", spec.head_size, ", expected kv_lora_rank + qk_rope_head_dim = ",
+                  d.latent_head_size());
+  PAGEDATTN_CHECK(c.num_heads > 0, "config.num_heads", who, "num_heads = ", c.num_heads,
+                  " must be > 0");
+  PAGEDATTN_CHECK(c.mla_dtype == DType::f32 || c.mla_dtype == DType::f16 ||
+                      c.mla_dtype == DType::bf16,
+                  "config.mla_dtype", who, "mla_dtype = ", dtype_name(c.mla_dtype),
+                  " must be float32, float16 or bfloat16");
+  PAGEDATTN_CHECK(c.max_num_seqs > 0, "config.max_num_seqs", who, "max_num_seqs = ",
+                  c.max_num_seqs, " must be > 0");
+  PAGEDATTN_CHECK(c.max_num_batched_tokens > 0, "config.max_num_batched_tokens", who,
+                  "max_num_batched_tokens = ", c.max_num_batched_tokens, " must be > 0");
+  PAGEDATTN_CHECK(c.max_model_len > 0, "config.max_model_len", who, "max_model_len = ",
+                  c.max_model_len, " must be > 0");
+  PAGEDATTN_CHECK(c.mla_chunked_prefill_workspace_tokens == 0 ||
+                      c.mla_chunked_prefill_workspace_tokens >=
+                          int64_t{c.max_num_seqs} * spec.block_size,
+                  "config.mla_chunked_prefill_workspace_tokens", who,
+                  "mla_chunked_prefill_workspace_tokens = ", c.mla_chunked_prefill_workspace_tokens,
+                  " must be 0 (vLLM's rule) or >= max_num_seqs * block_size = ",
+                  int64_t{c.max_num_seqs} * spec.block_size,
+                  " (every prefill gets at least one page per chunk)");
+}
+
+}  // namespace
+
+// Device copies of the plan arrays (CUDA only; sized for the builder's limits).
+struct MLACommonMetadataBuilder::DeviceArrays {
+  int64_t max_chunks = 0;
+  Tensor decode_seq_lens;        // (S,)
+  Tensor query_start_loc;        // (S + 1,)
+  Tensor seq_lens, context_lens; // (S,)
+  Tensor chunk_starts;           // (max_chunks * S,)
+  Tensor cu_seq_lens;            // (max_chunks * (S + 1),)
+};
+
+MLACommonMetadataBuilder::MLACommonMetadataBuilder(KVCacheSpec spec, const BuilderConfig& config,
+                                                   Device device)
+    : AttentionMetadataBuilder(std::move(spec)), config_(config), device_(device) {
+  check_builder_config(spec_, config_);
+  workspace_ = make_workspace(config_, spec_.block_size, device_);
+  if (device_ == Device::cuda) {
+    arrays_ = std::make_unique<DeviceArrays>();
+    const int64_t s = config_.max_num_seqs;
+    const int64_t min_chunk =
+        std::max<int64_t>(spec_.block_size, (workspace_->workspace_tokens / s) /
+                                                spec_.block_size * spec_.block_size);
+    arrays_->max_chunks = std::max<int64_t>(1, cdiv(config_.max_model_len, min_chunk));
+    arrays_->decode_seq_lens = Tensor(Shape{s}, DType::i32, device_);
+    arrays_->query_start_loc = Tensor(Shape{s + 1}, DType::i32, device_);
+    arrays_->seq_lens = Tensor(Shape{s}, DType::i32, device_);
+    arrays_->context_lens = Tensor(Shape{s}, DType::i32, device_);
+    arrays_->chunk_starts = Tensor(Shape{arrays_->max_chunks * s}, DType::i32, device_);
+    arrays_->cu_seq_lens = Tensor(Shape{arrays_->max_chunks * (s + 1)}, DType::i32, device_);
+  }
+}
+
+MLACommonMetadataBuilder::~MLACommonMetadataBuilder() = default;
+
+size_t MLACommonMetadataBuilder::workspace_bytes() const {
+  size_t total = workspace_->bytes();
+  if (arrays_) {
+    for (const Tensor* t : {&arrays_->decode_seq_lens, &arrays_->query_start_loc,
+                            &arrays_->seq_lens, &arrays_->context_lens, &arrays_->chunk_starts,
+                            &arrays_->cu_seq_lens}) {
+      total += t->nbytes();
+    }
+  }
+  return total;
+}
+
+std::shared_ptr<MLAMetadata> MLACommonMetadataBuilder::make_metadata() const {
+  return std::make_shared<MLAMetadata>();
+}
+
+void MLACommonMetadataBuilder::plan_decode(MLAMetadata& /*metadata*/,
+                                           const CommonAttentionMetadata& /*common*/) {}
+
+std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
+    int common_prefix_len, const CommonAttentionMetadata& common, bool /*fast_build*/) {
+  // MLA has no cascade path (as vLLM's MLA backends): common_prefix_len is accepted and ignored.
+  PAGEDATTN_CHECK(common_prefix_len >= 0, "common_prefix_len", kWho, "common_prefix_len = ",
+                  common_prefix_len, " must be >= 0");
+  common.validate(-1, spec_.block_size);
+  check_device(common.query_start_loc, "common.query_start_loc", device_);
+  check_device(common.seq_lens, "common.seq_lens", device_);
+  check_device(common.block_table_tensor, "common.block_table_tensor", device_);
+  check_device(common.slot_mapping, "common.slot_mapping", device_);
+  const int num_reqs = common.num_reqs;
+  PAGEDATTN_CHECK(num_reqs <= config_.max_num_seqs, "common.num_reqs", kWho, "num_reqs = ",
+                  num_reqs, " exceeds the builder's max_num_seqs = ", config_.max_num_seqs);
+  PAGEDATTN_CHECK(common.num_actual_tokens <= config_.max_num_batched_tokens,
+                  "common.num_actual_tokens", kWho, "num_actual_tokens = ",
+                  common.num_actual_tokens, " exceeds the builder's max_num_batched_tokens = ",
+                  config_.max_num_batched_tokens);
+  PAGEDATTN_CHECK(common.max_seq_len <= config_.max_model_len, "common.max_seq_len", kWho,
+                  "max_seq_len = ", common.max_seq_len, " exceeds the builder's max_model_len = ",
+                  config_.max_model_len);
+  PAGEDATTN_CHECK(common.causal, "common.causal", kWho,
+                  "causal = false is not supported: MLA layers are causal decoders");
+  const TensorView& bt = common.block_table_tensor;
+  const int64_t needed = cdiv(common.max_seq_len, spec_.block_size);
+  PAGEDATTN_CHECK(num_reqs == 0 || needed <= bt.size(1), "common.block_table_tensor", kWho,
+                  "block_table_tensor has ", bt.size(1), " columns: max_seq_len = ",
+                  common.max_seq_len, " with block_size = ", spec_.block_size, " needs ", needed);
+
+  std::vector<int32_t> qsl(static_cast<size_t>(num_reqs) + 1), seq_lens(num_reqs);
+  for (int r = 0; r <= num_reqs; ++r) qsl[r] = read_i32_at(common.query_start_loc_cpu, r);
+  for (int r = 0; r < num_reqs; ++r) seq_lens[r] = read_i32_at(common.seq_lens_cpu, r);
+
+  // Decodes first (reorder threshold 1): a run of 1-token requests, then requests of > 1 tokens.
+  int num_decodes = 0;
+  while (num_decodes < num_reqs && qsl[num_decodes + 1] - qsl[num_decodes] <= 1) {
+    PAGEDATTN_CHECK(qsl[num_decodes + 1] - qsl[num_decodes] == 1, "common", kWho, "request ",
+                    num_decodes, " has query_len 0: MLA batches hold decodes of exactly 1 token "
+                    "and prefills of more (drop empty requests)");
+    ++num_decodes;
+  }
+  for (int r = num_decodes; r < num_reqs; ++r) {
+    const int q = qsl[r + 1] - qsl[r];
+    PAGEDATTN_CHECK(q > 1, "common", kWho, "request ", r, " has query_len ", q,
+                    " after a prefill (request ", num_decodes,
+                    "): the batch must be ordered decodes first (reorder_batch, threshold 1)");
+  }
+  const int num_prefills = num_reqs - num_decodes;
+
+  std::shared_ptr<MLAMetadata> md = make_metadata();
+  md->num_actual_tokens = common.num_actual_tokens;
+  md->num_reqs = num_reqs;
+  md->use_cascade = false;
+  md->common_prefix_len = 0;
+  md->slot_mapping = common.slot_mapping.narrow(0, 0, common.num_actual_tokens);
+  md->num_decodes = num_decodes;
+  md->num_decode_tokens = qsl[num_decodes];
+  md->num_prefills = num_prefills;
+  md->num_prefill_tokens = common.num_actual_tokens - md->num_decode_tokens;
+  md->workspace = workspace_.get();
+
+  // decode part
+  MLADecodeMetadata& dec = md->decode;
+  dec.num_decodes = num_decodes;
+  dec.num_decode_tokens = md->num_decode_tokens;
+  dec.seq_lens.assign(seq_lens.begin(), seq_lens.begin() + num_decodes);
+  dec.max_seq_len = num_decodes > 0 ? *std::max_element(dec.seq_lens.begin(), dec.seq_lens.end()) : 0;
+  dec.block_table = bt.narrow(0, 0, num_decodes);
+
+  // prefill part
+  if (num_prefills > 0) {
+    MLAPrefillMetadata& pre = md->prefill.emplace();
+    pre.num_prefills = num_prefills;
+    pre.num_prefill_tokens = md->num_prefill_tokens;
+    pre.request_offset = num_decodes;
+    pre.token_offset = md->num_decode_tokens;
+    pre.query_start_loc.resize(static_cast<size_t>(num_prefills) + 1);
+    pre.seq_lens.resize(num_prefills);
+    pre.context_lens.resize(num_prefills);
+    for (int i = 0; i <= num_prefills; ++i) pre.query_start_loc[i] = qsl[num_decodes + i] - qsl[num_decodes];
+    int max_context = 0, with_context = 0;
+    for (int i = 0; i < num_prefills; ++i) {
+      const int r = num_decodes + i;
+      pre.seq_lens[i] = seq_lens[r];
+      pre.context_lens[i] = seq_lens[r] - (qsl[r + 1] - qsl[r]);
+      pre.max_query_len = std::max(pre.max_query_len, qsl[r + 1] - qsl[r]);
+      pre.max_seq_len = std::max(pre.max_seq_len, seq_lens[r]);
+      max_context = std::max(max_context, pre.context_lens[i]);
+      with_context += pre.context_lens[i] > 0 ? 1 : 0;
+    }
+    pre.block_table = bt.narrow(0, num_decodes, num_prefills);
+    if (with_context > 0) {
+      // vLLM ChunkedContextMetadata (aot_schedule: the chunk is a whole number of pages).
+      MLAChunkedContextMetadata& cc = pre.chunked_context.emplace();
+      const int64_t w = workspace_->workspace_tokens;
+      cc.workspace_tokens = w;
+      cc.max_context_chunk =
+          static_cast<int>((w / with_context) / spec_.block_size * spec_.block_size);
+      PAGEDATTN_CHECK(cc.max_context_chunk > 0, "config.mla_chunked_prefill_workspace_tokens",
+                      kWho, "workspace of ", w, " tokens gives ", with_context,
+                      " prefills with context less than one page of ", spec_.block_size,
+                      " tokens each");
+      cc.num_chunks = static_cast<int>(cdiv(max_context, cc.max_context_chunk));
+      const size_t nc = static_cast<size_t>(cc.num_chunks), np = static_cast<size_t>(num_prefills);
+      cc.chunk_starts.resize(nc * np);
+      cc.chunk_seq_lens.resize(nc * np);
+      cc.cu_seq_lens.assign(nc * (np + 1), 0);
+      cc.chunk_total_tokens.resize(nc);
+      cc.max_seq_lens.resize(nc);
+      for (size_t c = 0; c < nc; ++c) {
+        int32_t running = 0, longest = 0;
+        for (size_t i = 0; i < np; ++i) {
+          const int32_t start = static_cast<int32_t>(c) * cc.max_context_chunk;
+          const int32_t end = std::min(pre.context_lens[i], start + cc.max_context_chunk);
+          const int32_t len = std::max(0, end - start);
+          cc.chunk_starts[c * np + i] = start;
+          cc.chunk_seq_lens[c * np + i] = len;
+          running += len;
+          cc.cu_seq_lens[c * (np + 1) + i + 1] = running;
+          longest = std::max(longest, len);
+        }
+        cc.chunk_total_tokens[c] = running;
+        cc.max_seq_lens[c] = longest;
+      }
+      if (arrays_ && static_cast<int64_t>(nc) > arrays_->max_chunks) {
+        throw Error("common.max_seq_len",
+                    detail::concat(kWho, "the step needs ", nc, " context chunks but the builder "
+                                   "sized its device arrays for ", arrays_->max_chunks));
+      }
+    }
+  }
+
+  // Device copies (CPU: views of the vectors above; CUDA: the builder's persistent buffers).
+  const auto place = [&](std::vector<int32_t>& v, Tensor* storage, Shape shape) -> TensorView {
+    if (device_ == Device::cpu) return host_i32_view(v, shape);
+    if (!v.empty()) detail::memcpy_h2d(storage->data(), v.data(), v.size() * sizeof(int32_t));
+    return TensorView(storage->data(), DType::i32, shape, device_, storage->view().device_index());
+  };
+  DeviceArrays* a = arrays_.get();
+  dec.seq_lens_device = place(dec.seq_lens, a ? &a->decode_seq_lens : nullptr, Shape{num_decodes});
+  if (md->prefill) {
+    MLAPrefillMetadata& pre = *md->prefill;
+    const int64_t np = num_prefills;
+    pre.query_start_loc_device = place(pre.query_start_loc, a ? &a->query_start_loc : nullptr, Shape{np + 1});
+    pre.seq_lens_device = place(pre.seq_lens, a ? &a->seq_lens : nullptr, Shape{np});
+    pre.context_lens_device = place(pre.context_lens, a ? &a->context_lens : nullptr, Shape{np});
+    if (pre.chunked_context) {
+      MLAChunkedContextMetadata& cc = *pre.chunked_context;
+      cc.chunk_starts_device = place(cc.chunk_starts, a ? &a->chunk_starts : nullptr, Shape{cc.num_chunks, np});
+      cc.cu_seq_lens_device = place(cc.cu_seq_lens, a ? &a->cu_seq_lens : nullptr, Shape{cc.num_chunks, np + 1});
+    }
+  }
+  if (num_decodes > 0) plan_decode(*md, common);
+  return md;
+}
+
+}  // namespace mla
+}  // namespace pagedattn

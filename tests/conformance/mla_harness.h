@@ -1,0 +1,89 @@
+// MLA conformance harness: runs any MLA backend (+ a prefill backend) on random batches and
+// compares it with REFERENCE_MLA (the fp64 oracle of the un-absorbed formula) on identical
+// inputs and separate caches.
+//
+// One case = one scheduler step of one MLA layer:
+//   1. random weights (kv_b_proj), activations, latent context rows, a shuffled block table;
+//      each backend gets its own cache (stale random data), the context rows are written with
+//      concat_and_cache_mla on the backend's device;
+//   2. the step runs through an MLAAttention layer forced to the backend and prefill backend
+//      (or, for a backend object that is not registered, e.g. a test double, through its impl
+//      with the same calls the layer makes): plan (the backend's builder) -> cache write ->
+//      forward into outputs poisoned with NaN;
+//   3. REFERENCE_MLA does the same on the cpu; every element of the first num_actual_tokens
+//      rows is checked written and finite, ‖out − ref‖/‖ref‖ and the LSE error are measured
+//      against DESIGN.md's tolerances, and the written cache rows are compared byte for byte.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pagedattn/pagedattn.h"
+
+namespace pagedattn::conformance::mla {
+
+struct MLARequest {
+  int context_len = 0;  // cached tokens before the step
+  int query_len = 1;    // new tokens (1 = decode); batches list decodes first
+};
+
+struct MLACase {
+  std::string name;                      // short label for reports
+  DType dtype = DType::f32;
+  std::string kv_cache_dtype = "auto";
+  MLADimensions dims{64, 32, 16, 32};    // L, P, R, V
+  int num_heads = 4;
+  int block_size = 16;
+  int64_t workspace_tokens = 0;          // chunked-prefill workspace; 0 = vLLM's rule
+  bool return_lse = true;
+  bool output_2d = false;                // output as (T, H * V)
+  int pad_tokens = 0;                    // rows after num_actual_tokens (slot -1)
+  std::vector<MLARequest> batch;
+
+  bool fp8_kv() const;
+  std::string describe() const;  // "bf16 kv=fp8 L=64 P=32 R=16 V=32 H=4 bs=16 W=32 [(40,1),(30,5)]"
+};
+
+// DESIGN.md §5: f32 1e-5, f16 2e-3, bf16 8e-3; an fp8 cache 6e-2.
+double tolerance(const MLACase& c);
+
+// The CI grid (small dims and DeepSeek dims; decode only, prefill only, 1 / 2 / many context
+// chunks, mixed, fp8, block sizes 16 and 64; a few seconds for REFERENCE_MLA vs itself), or the
+// larger one (env PAGEDATTN_FULL_GRID=1 or full = true).
+std::vector<MLACase> mla_grid(bool full);
+std::vector<MLACase> mla_grid();
+
+struct MLAResult {
+  std::string backend_name, prefill_backend_name, case_description;
+  bool skipped = false;            // the backend rejects the case (reasons below); counts as passed
+  std::vector<std::string> skip_reasons;
+  uint64_t seed = 0;
+  double output_rel_error = 0, lse_rel_error = 0, tolerance = 0;
+  int64_t unwritten = 0;           // NaN / inf left in the live output or LSE rows
+  int64_t lse_inf_mismatches = 0;  // -inf in one LSE and not in the other
+  int64_t cache_mismatches = 0;    // written cache elements that differ from the REFERENCE's
+  bool passed() const;
+  std::string describe() const;
+};
+
+// The selector view of a case (use_mla, head_size L + R, dims, heads, dtypes, block size).
+SelectorConfig selector_config(const MLACase& c, Device device);
+// Why `backend` cannot run `c` on `device` (empty = it can): validate_configuration's reasons and
+// an unsupported kernel block size.
+std::vector<std::string> unsupported_reasons(const AttentionBackend& backend, Device device,
+                                             const MLACase& c);
+
+// Runs `backend` (an MLA backend) with prefill backend `prefill_backend` ("" = selected) on
+// `device` and REFERENCE_MLA on the cpu over the same inputs.
+MLAResult run_mla_case(const AttentionBackend& backend, std::string_view prefill_backend,
+                       Device device, const MLACase& c, uint64_t seed);
+
+// Every case of `grid` with seeds seed, seed + 1, ...; a case the backend rejects
+// (unsupported_reasons) is returned as skipped, with its reasons.
+std::vector<MLAResult> run_mla_grid(const AttentionBackend& backend,
+                                    std::string_view prefill_backend, Device device,
+                                    const std::vector<MLACase>& grid, uint64_t seed = 1);
+
+}  // namespace pagedattn::conformance::mla
