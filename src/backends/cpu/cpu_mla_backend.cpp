@@ -428,6 +428,7 @@ class CpuMlaBackend final : public MLABackend {
       reasons.push_back(detail::concat(std::forward<decltype(parts)>(parts)...));
     };
     mla::add_mla_common_reasons(kName, config, reasons);
+    if (!config.use_mla) return reasons;
     // Device, dtype and kv_cache_dtype vocabulary of the host backends (sparse is one of the
     // common MLA reasons above: not repeated).
     SelectorConfig host_config = config;

@@ -228,6 +228,7 @@ class CudaMlaBackend final : public MLABackend {
   std::vector<std::string> validate_configuration(const SelectorConfig& config) const override {
     std::vector<std::string> reasons;
     mla::add_mla_common_reasons(kName, config, reasons);
+    if (!config.use_mla) return reasons;
     auto add = [&reasons](auto&&... parts) { reasons.push_back(detail::concat(parts...)); };
     if (config.device != Device::cuda) {
       add("device = ", device_name(config.device), ": ", kName, " runs on cuda devices only.");

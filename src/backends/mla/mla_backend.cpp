@@ -38,8 +38,11 @@ void add_mla_common_reasons(std::string_view backend_name, const SelectorConfig&
     reasons.push_back(detail::concat(std::forward<decltype(parts)>(parts)...));
   };
   if (!c.use_mla) {
+    // One reason is enough: nothing else about a standard layer matters to an MLA backend (the
+    // backends return right after this too).
     add("use_mla = false is not supported: ", backend_name,
         " is an MLA backend (multi-head latent attention layers only).");
+    return;
   }
   if (!c.mla_dimensions.empty() && c.head_size != c.mla_dimensions.latent_head_size()) {
     add("head_size = ", c.head_size, " is not supported: an MLA cache row is kv_lora_rank + "

@@ -145,7 +145,8 @@ class MLACommonImpl : public MLAAttentionImpl {
   const MLAPrefillBackendClass* prefill_class_ = nullptr;
 };
 
-// Shared validate_configuration part of the MLA backends: use_mla must be true, head_size must
+// Shared validate_configuration part of the MLA backends: use_mla must be true (when it is false
+// that is the only reason given, and the caller returns at once), head_size must
 // equal mla_dimensions.latent_head_size() when the dims are given, and the standard-layer
 // features (alibi, sliding window, soft cap, sinks, sparse, non-decoder types, fp8 output) are
 // rejected, each with its own reason.

@@ -316,6 +316,7 @@ class ReferenceMLABackend final : public MLABackend {
   std::vector<std::string> validate_configuration(const SelectorConfig& c) const override {
     std::vector<std::string> reasons;
     mla::add_mla_common_reasons(name(), c, reasons);
+    if (!c.use_mla) return reasons;
     if (c.device != Device::cpu) {
       reasons.push_back(detail::concat("device = ", device_name(c.device),
                                        " is not supported: REFERENCE_MLA runs on the cpu only."));
