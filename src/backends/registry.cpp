@@ -2,13 +2,13 @@
 // reference last). Adding a backend = its folder under src/backends/<name>/ exposing
 // `const AttentionBackend& <name>_backend();` in <name>/<name>_backend.h, plus ONE line in
 // kBackendTable below (and its include). CUDA backends go under PAGEDATTN_HAS_CUDA.
-#include <cctype>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "pagedattn/error.h"
 #include "pagedattn/selector.h"
+#include "backends/ordered_registry.h"
 
 // One include per backend (CUDA ones under #if PAGEDATTN_HAS_CUDA).
 #if PAGEDATTN_HAS_CUDA
@@ -33,47 +33,26 @@ constexpr BackendAccessor kBackendTable[] = {
 #endif
     &cpu_backend,        // flash-style SIMD (AVX-512 / AVX2 / scalar) + OpenMP
     &cpu_mla_backend,    // MLA on the CPU kernels (latent MQA decode, up-projected prefill)
-    &reference_backend,  // fp64 oracle, every feature: always last
-    &reference_mla_backend,  // MLA fp64 oracle (use_mla = true only): last of the MLA backends
+    &reference_backend,      // fp64 oracle of standard layers, every feature: last of those
+    &reference_mla_backend,  // fp64 oracle of MLA layers (use_mla = true only): always last
 };
 
-bool equal_ignoring_case(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
-
-std::vector<const AttentionBackend*> build_registry() {
-  std::vector<const AttentionBackend*> backends;
-  for (const BackendAccessor accessor : kBackendTable) {
-    const AttentionBackend* backend = &accessor();
-    for (const AttentionBackend* other : backends) {
-      PAGEDATTN_CHECK(!equal_ignoring_case(other->name(), backend->name()), "backend",
-                      "backend registry: two backends are named \"", backend->name(),
-                      "\" (names are case-insensitive and must be unique)");
-    }
-    backends.push_back(backend);
-  }
-  return backends;
-}
+std::string_view backend_name(const AttentionBackend& b) { return b.name(); }
 
 }  // namespace
 
+const detail::RegistryWords<AttentionBackend> detail::attention_backend_registry_words = {
+    &backend_name, "backend registry", "backend", "attention backend", "backend",
+    "PAGEDATTN_BACKEND", "get_attn_backend"};
+
 const std::vector<const AttentionBackend*>& registered_backends() {
-  static const std::vector<const AttentionBackend*> backends = build_registry();
+  static const std::vector<const AttentionBackend*> backends =
+      detail::build_ordered_registry(kBackendTable, detail::attention_backend_registry_words);
   return backends;
 }
 
 const AttentionBackend* find_backend(std::string_view name) {
-  for (const AttentionBackend* backend : registered_backends()) {
-    if (equal_ignoring_case(backend->name(), name)) return backend;
-  }
-  return nullptr;
+  return detail::find_in_registry(registered_backends(), name, detail::attention_backend_registry_words);
 }
 
 }  // namespace pagedattn

@@ -2,7 +2,6 @@
 // validate_configuration in priority order; the first with no reasons wins. A forced name
 // (argument, or env PAGEDATTN_BACKEND read at each call) picks one backend or fails with its
 // reasons; when nothing fits the error lists every backend with every reason.
-#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -10,6 +9,7 @@
 
 #include "pagedattn/error.h"
 #include "pagedattn/selector.h"
+#include "backends/ordered_registry.h"
 
 namespace pagedattn {
 namespace {
@@ -32,24 +32,6 @@ std::string describe_config(const SelectorConfig& c) {
   if (c.fp8_output) os << ", fp8_output=true";
   os << ")";
   return os.str();
-}
-
-std::string join_reasons(const std::vector<std::string>& reasons) {
-  std::string out;
-  for (const std::string& r : reasons) {
-    if (!out.empty()) out += ' ';
-    out += r;
-  }
-  return out;
-}
-
-std::string registered_names() {
-  std::string out;
-  for (const AttentionBackend* b : registered_backends()) {
-    if (!out.empty()) out += ", ";
-    out += b->name();
-  }
-  return out;
 }
 
 // The configuration itself must make sense before backends are asked about it.
@@ -85,38 +67,10 @@ std::vector<BackendReport> explain_backends(const SelectorConfig& config) {
 
 const AttentionBackend& get_attn_backend(const SelectorConfig& config, std::string_view forced) {
   validate_selector_config(config);
-  std::string_view source = "backend";
-  std::string name(forced);
-  if (name.empty()) {
-    const char* env = std::getenv("PAGEDATTN_BACKEND");
-    if (env != nullptr && *env != '\0') {
-      name = env;
-      source = "PAGEDATTN_BACKEND";
-    }
-  }
-  if (!name.empty()) {
-    const AttentionBackend* backend = find_backend(name);
-    PAGEDATTN_CHECK(backend != nullptr, std::string(source), "get_attn_backend: ", source, " = \"",
-                    name, "\" is not a registered attention backend (registered: ",
-                    registered_names(), ")");
-    const std::vector<std::string> reasons = reasons_of(*backend, config);
-    PAGEDATTN_CHECK(reasons.empty(), std::string(source), "get_attn_backend: ", source, " = \"",
-                    name, "\" forces backend ", backend->name(),
-                    ", which does not support this configuration ", describe_config(config), ": ",
-                    join_reasons(reasons));
-    return *backend;
-  }
-  std::string details;
-  for (const AttentionBackend* backend : registered_backends()) {
-    const std::vector<std::string> reasons = reasons_of(*backend, config);
-    if (reasons.empty()) return *backend;
-    details += "\n  ";
-    details += backend->name();
-    details += ": ";
-    details += join_reasons(reasons);
-  }
-  throw Error(detail::concat("no attention backend supports this configuration ",
-                             describe_config(config), ":", details));
+  return detail::select_from_registry(
+      registered_backends(), forced, describe_config(config),
+      [&config](const AttentionBackend& backend) { return reasons_of(backend, config); },
+      detail::attention_backend_registry_words);
 }
 
 const AttentionBackend& get_attn_backend(int head_size, DType dtype,

@@ -1,8 +1,6 @@
 // MLA prefill backends (vLLM v1/attention/backends/mla/prefill): the registry (ordered list,
 // REFERENCE last), the base validate_configuration with vLLM's reasons, and the selector with
 // reasons (as get_attn_backend for the attention backends).
-#include <cctype>
-#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -10,6 +8,7 @@
 
 #include "pagedattn/error.h"
 #include "pagedattn/mla.h"
+#include "backends/ordered_registry.h"
 
 // One include per prefill backend (CUDA ones under #if PAGEDATTN_HAS_CUDA).
 #if PAGEDATTN_HAS_CUDA
@@ -40,54 +39,17 @@ constexpr PrefillAccessor kPrefillTable[] = {
     &reference_mla_prefill_backend,  // fp64 oracle on the cpu, any dims: always last
 };
 
-bool equal_ignoring_case(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
+std::string_view prefill_name(const MLAPrefillBackendClass& b) { return b.get_name(); }
 
-std::vector<const MLAPrefillBackendClass*> build_registry() {
-  std::vector<const MLAPrefillBackendClass*> out;
-  for (const PrefillAccessor accessor : kPrefillTable) {
-    const MLAPrefillBackendClass* b = &accessor();
-    for (const MLAPrefillBackendClass* other : out) {
-      PAGEDATTN_CHECK(!equal_ignoring_case(other->get_name(), b->get_name()), "prefill_backend",
-                      "MLA prefill registry: two prefill backends are named \"", b->get_name(),
-                      "\" (names are case-insensitive and must be unique)");
-    }
-    out.push_back(b);
-  }
-  return out;
-}
+const detail::RegistryWords<MLAPrefillBackendClass> kPrefillWords = {
+    &prefill_name, "MLA prefill registry", "prefill backend", "MLA prefill backend",
+    "prefill_backend", "PAGEDATTN_MLA_PREFILL_BACKEND", "get_mla_prefill_backend"};
 
 std::string describe(const MLAPrefillSelectorConfig& c) {
   std::ostringstream os;
   os << "(dtype=" << dtype_name(c.dtype) << ", mla_dimensions=" << c.mla_dimensions.to_string()
      << ", device=" << device_name(c.device) << ")";
   return os.str();
-}
-
-std::string join(const std::vector<std::string>& reasons) {
-  std::string out;
-  for (const std::string& r : reasons) {
-    if (!out.empty()) out += ' ';
-    out += r;
-  }
-  return out;
-}
-
-std::string registered_names() {
-  std::string out;
-  for (const MLAPrefillBackendClass* b : registered_mla_prefill_backends()) {
-    if (!out.empty()) out += ", ";
-    out += b->get_name();
-  }
-  return out;
 }
 
 std::vector<std::string> reasons_of(const MLAPrefillBackendClass& b, const DeviceCapability& cap,
@@ -161,15 +123,13 @@ std::vector<std::string> MLAPrefillBackendClass::validate_configuration(
 }
 
 const std::vector<const MLAPrefillBackendClass*>& registered_mla_prefill_backends() {
-  static const std::vector<const MLAPrefillBackendClass*> backends = build_registry();
+  static const std::vector<const MLAPrefillBackendClass*> backends =
+      detail::build_ordered_registry(kPrefillTable, kPrefillWords);
   return backends;
 }
 
 const MLAPrefillBackendClass* find_mla_prefill_backend(std::string_view name) {
-  for (const MLAPrefillBackendClass* b : registered_mla_prefill_backends()) {
-    if (equal_ignoring_case(b->get_name(), name)) return b;
-  }
-  return nullptr;
+  return detail::find_in_registry(registered_mla_prefill_backends(), name, kPrefillWords);
 }
 
 std::vector<MLAPrefillBackendReport> explain_mla_prefill_backends(
@@ -184,39 +144,11 @@ std::vector<MLAPrefillBackendReport> explain_mla_prefill_backends(
 const MLAPrefillBackendClass& get_mla_prefill_backend(const DeviceCapability& capability,
                                                       const MLAPrefillSelectorConfig& config,
                                                       std::string_view forced) {
-  std::string name(forced);
-  std::string_view source = "prefill_backend";
-  if (name.empty()) {
-    const char* env = std::getenv("PAGEDATTN_MLA_PREFILL_BACKEND");
-    if (env != nullptr && *env != '\0') {
-      name = env;
-      source = "PAGEDATTN_MLA_PREFILL_BACKEND";
-    }
-  }
-  if (!name.empty()) {
-    const MLAPrefillBackendClass* b = find_mla_prefill_backend(name);
-    PAGEDATTN_CHECK(b != nullptr, std::string(source), "get_mla_prefill_backend: ", source,
-                    " = \"", name, "\" is not a registered MLA prefill backend (registered: ",
-                    registered_names(), ")");
-    const std::vector<std::string> reasons = reasons_of(*b, capability, config);
-    PAGEDATTN_CHECK(reasons.empty(), std::string(source), "get_mla_prefill_backend: ", source,
-                    " = \"", name, "\" forces prefill backend ", b->get_name(),
-                    ", which does not support this configuration ", describe(config), ": ",
-                    join(reasons));
-    return *b;
-  }
-  std::string details;
-  for (const MLAPrefillBackendClass* b : registered_mla_prefill_backends()) {
-    const std::vector<std::string> reasons = reasons_of(*b, capability, config);
-    if (reasons.empty()) return *b;
-    details += "\n  ";
-    details += b->get_name();
-    details += ": ";
-    details += join(reasons);
-  }
-  throw Error(detail::concat("no MLA prefill backend supports this configuration ",
-                             describe(config), " (compute capability ", capability.to_string(),
-                             "):", details));
+  return detail::select_from_registry(
+      registered_mla_prefill_backends(), forced,
+      describe(config) + " (compute capability " + capability.to_string() + ")",
+      [&](const MLAPrefillBackendClass& b) { return reasons_of(b, capability, config); },
+      kPrefillWords);
 }
 
 }  // namespace pagedattn
