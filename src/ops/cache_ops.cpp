@@ -35,6 +35,7 @@ namespace {
 using ops_detail::check_activation_dtype;
 using ops_detail::check_rank;
 using ops_detail::check_same_device;
+using ops_detail::check_slot_mapping;
 
 // Reads a scalar scale (per-tensor) and checks it is > 0 and finite.
 void check_scale_value(std::string_view op, std::string_view argument, float scale) {
@@ -124,15 +125,7 @@ CacheWriteArgs validate_cache_write(std::string_view op, const TensorView& key,
                   " for kv_cache_dtype \"", kv_cache_dtype, "\" and ", dtype_name(key.dtype()),
                   " keys");
 
-  PAGEDATTN_CHECK(slot_mapping.defined(), "slot_mapping", op,
-                  ": slot_mapping is required (i64 (num_tokens,))");
-  PAGEDATTN_CHECK(slot_mapping.dtype() == DType::i64, "slot_mapping", op, ": slot_mapping is ",
-                  dtype_name(slot_mapping.dtype()), ", expected int64");
-  PAGEDATTN_CHECK(slot_mapping.ndim() == 1, "slot_mapping", op, ": slot_mapping has shape ",
-                  slot_mapping.shape().str(), ", expected 1-D (num_tokens,)");
-  const int64_t num_tokens = slot_mapping.size(0);
-  PAGEDATTN_CHECK(num_tokens <= n, "slot_mapping", op, ": slot_mapping has ", num_tokens,
-                  " entries but key/value hold only ", n, " tokens (expected length <= ", n, ")");
+  const int64_t num_tokens = check_slot_mapping(op, slot_mapping, n, "key/value hold");
 
   const Device device = key.device();
   const int device_index = key.device_index();

@@ -33,6 +33,7 @@ namespace {
 using ops_detail::check_activation_dtype;
 using ops_detail::check_rank;
 using ops_detail::check_same_device;
+using ops_detail::check_slot_mapping;
 
 void check_last_dim_contiguous(std::string_view op, const TensorView& t,
                                std::string_view argument) {
@@ -116,15 +117,7 @@ void concat_and_cache_mla(const TensorView& kv_c, const TensorView& k_pe_in,
                   " kv_c");
   check_last_dim_contiguous(op, kv_cache, "kv_cache");
 
-  PAGEDATTN_CHECK(slot_mapping.defined(), "slot_mapping", op,
-                  ": slot_mapping is required (int64 (num_tokens,))");
-  PAGEDATTN_CHECK(slot_mapping.dtype() == DType::i64, "slot_mapping", op, ": slot_mapping is ",
-                  dtype_name(slot_mapping.dtype()), ", expected int64");
-  PAGEDATTN_CHECK(slot_mapping.ndim() == 1, "slot_mapping", op, ": slot_mapping has shape ",
-                  slot_mapping.shape().str(), ", expected 1-D (num_tokens,)");
-  const int64_t num_tokens = slot_mapping.size(0);
-  PAGEDATTN_CHECK(num_tokens <= n, "slot_mapping", op, ": slot_mapping has ", num_tokens,
-                  " entries but kv_c holds only ", n, " tokens (expected length <= ", n, ")");
+  const int64_t num_tokens = check_slot_mapping(op, slot_mapping, n, "kv_c holds");
 
   const Device device = kv_c.device();
   const int device_index = kv_c.device_index();

@@ -2,6 +2,7 @@
 // names the argument, its value and what was expected; Error::argument() is the argument name.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -34,6 +35,22 @@ inline void check_same_device(std::string_view op, const TensorView& t, std::str
                   op, ": ", argument, " is on ", device_name(t.device()), ":", t.device_index(),
                   ", expected ", device_name(device), ":", device_index,
                   " (all tensors on one device)");
+}
+
+// slot_mapping: defined, int64, 1-D, at most n entries (`holders` names what holds the n tokens,
+// e.g. "key/value hold"). Returns its length (the tokens written).
+inline int64_t check_slot_mapping(std::string_view op, const TensorView& slot_mapping, int64_t n,
+                                  std::string_view holders) {
+  PAGEDATTN_CHECK(slot_mapping.defined(), "slot_mapping", op,
+                  ": slot_mapping is required (int64 (num_tokens,))");
+  PAGEDATTN_CHECK(slot_mapping.dtype() == DType::i64, "slot_mapping", op, ": slot_mapping is ",
+                  dtype_name(slot_mapping.dtype()), ", expected int64");
+  PAGEDATTN_CHECK(slot_mapping.ndim() == 1, "slot_mapping", op, ": slot_mapping has shape ",
+                  slot_mapping.shape().str(), ", expected 1-D (num_tokens,)");
+  const int64_t num_tokens = slot_mapping.size(0);
+  PAGEDATTN_CHECK(num_tokens <= n, "slot_mapping", op, ": slot_mapping has ", num_tokens,
+                  " entries but ", holders, " only ", n, " tokens (expected length <= ", n, ")");
+  return num_tokens;
 }
 
 }  // namespace pagedattn::ops_detail
