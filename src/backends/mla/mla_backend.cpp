@@ -1,4 +1,5 @@
 // The MLABackend defaults (mla.h) and the selector reasons every MLA backend shares.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,18 @@ Shape MLABackend::kv_cache_shape(int64_t num_blocks, int block_size, int num_kv_
 }
 
 namespace mla {
+
+void check_mla_impl_params(std::string_view who, const MLAImplParams& q) {
+  const MLADimensions& d = q.dims;
+  PAGEDATTN_CHECK(q.num_heads > 0, "num_heads", who, ": num_heads = ", q.num_heads, " must be > 0");
+  PAGEDATTN_CHECK(d.kv_lora_rank > 0 && d.qk_nope_head_dim > 0 && d.qk_rope_head_dim > 0 &&
+                      d.v_head_dim > 0,
+                  "dims", who, ": ", d.to_string(), ": every dimension must be > 0");
+  PAGEDATTN_CHECK(std::isfinite(q.scale) && q.scale > 0.f, "scale", who, ": scale = ", q.scale,
+                  " must be a finite value > 0");
+  PAGEDATTN_CHECK(q.block_size > 0, "block_size", who, ": block_size = ", q.block_size,
+                  " must be > 0");
+}
 
 void add_mla_common_reasons(std::string_view backend_name, const SelectorConfig& c,
                             std::vector<std::string>& reasons) {

@@ -150,6 +150,10 @@ class MLACommonImpl : public MLAAttentionImpl {
 // equal mla_dimensions.latent_head_size() when the dims are given, and the standard-layer
 // features (alibi, sliding window, soft cap, sinks, sparse, non-decoder types, fp8 output) are
 // rejected, each with its own reason.
+// The impl parameters every MLA impl checks the same way (num_heads, dims, scale, block_size):
+// Error naming the argument, `who` first.
+void check_mla_impl_params(std::string_view who, const MLAImplParams& params);
+
 void add_mla_common_reasons(std::string_view backend_name, const SelectorConfig& config,
                             std::vector<std::string>& reasons);
 

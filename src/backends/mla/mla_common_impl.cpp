@@ -47,15 +47,7 @@ MLACommonImpl::MLACommonImpl(MLAImplParams p) : MLAAttentionImpl(std::move(p)) {
   const MLADimensions& d = q.dims;
   PAGEDATTN_CHECK(is_activation(q.dtype), "dtype", kWho, ": dtype = ", dtype_name(q.dtype),
                   " is not supported: expected float32, float16 or bfloat16");
-  PAGEDATTN_CHECK(q.num_heads > 0, "num_heads", kWho, ": num_heads = ", q.num_heads,
-                  " must be > 0");
-  PAGEDATTN_CHECK(d.kv_lora_rank > 0 && d.qk_nope_head_dim > 0 && d.qk_rope_head_dim > 0 &&
-                      d.v_head_dim > 0,
-                  "dims", kWho, ": ", d.to_string(), ": every dimension must be > 0");
-  PAGEDATTN_CHECK(std::isfinite(q.scale) && q.scale > 0.f, "scale", kWho, ": scale = ", q.scale,
-                  " must be a finite value > 0");
-  PAGEDATTN_CHECK(q.block_size > 0, "block_size", kWho, ": block_size = ", q.block_size,
-                  " must be > 0");
+  check_mla_impl_params(kWho, q);
   validate_kv_cache_dtype(q.kv_cache_dtype);
   MLAPrefillSelectorConfig sc;
   sc.dtype = q.dtype;

@@ -34,7 +34,6 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
  public:
   explicit ReferenceMLAImpl(MLAImplParams p) : MLAAttentionImpl(std::move(p)) {
     const MLAImplParams& q = params_;
-    const MLADimensions& d = q.dims;
     PAGEDATTN_CHECK(q.device == Device::cpu, "device", kWho, ": device = ", device_name(q.device),
                     " is not supported: REFERENCE_MLA runs on the cpu");
     PAGEDATTN_CHECK(host::is_activation_dtype(q.dtype), "dtype", kWho, ": dtype = ",
@@ -42,15 +41,7 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
     PAGEDATTN_CHECK(host::is_accepted_kv_cache_dtype(q.kv_cache_dtype), "kv_cache_dtype", kWho,
                     ": kv_cache_dtype = '", q.kv_cache_dtype, "' is not supported: expected one of ",
                     host::accepted_kv_cache_dtypes());
-    PAGEDATTN_CHECK(q.num_heads > 0, "num_heads", kWho, ": num_heads = ", q.num_heads,
-                    " must be > 0");
-    PAGEDATTN_CHECK(d.kv_lora_rank > 0 && d.qk_nope_head_dim > 0 && d.qk_rope_head_dim > 0 &&
-                        d.v_head_dim > 0,
-                    "dims", kWho, ": ", d.to_string(), ": every dimension must be > 0");
-    PAGEDATTN_CHECK(std::isfinite(q.scale) && q.scale > 0.f, "scale", kWho, ": scale = ", q.scale,
-                    " must be a finite value > 0");
-    PAGEDATTN_CHECK(q.block_size > 0, "block_size", kWho, ": block_size = ", q.block_size,
-                    " must be > 0");
+    mla::check_mla_impl_params(kWho, q);
     cache_dtype_ = kv_cache_storage_dtype(q.kv_cache_dtype, q.dtype);
   }
 
