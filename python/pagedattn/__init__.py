@@ -7,10 +7,13 @@ ml_dtypes), PyTorch CPU and CUDA tensors, or any object with ``__dlpack__``.
 
 Main entry points:
     Attention(num_heads, head_size, scale, ...)        a layer: .forward(...), .allocate_kv_cache()
+    MLAAttention(num_heads, scale, ..., kv_b_proj)     an MLA (DeepSeek latent attention) layer
     CommonAttentionMetadata(query_start_loc, ...)      one step's batch
     Attention.metadata_builder().build(common)         a backend's plan for the step
     get_attn_backend(...), list_backends()             the selector and the registry
     reshape_and_cache_flash(...), merge_attn_states()  standalone ops
+    concat_and_cache_mla(...), gather_and_maybe_dequant_cache(...)   MLA cache ops
+    get_mla_prefill_backend(...), list_mla_prefill_backends()        MLA prefill selector
     split_decodes_and_prefills, reorder_batch_to_split_decodes_and_prefills,
     make_local_attention_virtual_batches, use_cascade_attention   batch utilities
 
@@ -26,18 +29,28 @@ from ._C import (
     AttentionMetadataBuilder,
     Error,
     KVCacheSpec,
+    MLAAttentionMetadata,
+    MLADimensions,
+    MLAPrefillBackend,
     MultipleOf,
     built_with_cuda,
     canonical_dtype,
     common_prefix_len,
     cuda_device_count,
     current_cuda_stream,
+    device_capability,
+    explain_mla_prefill_backends,
     find_backend,
+    find_mla_prefill_backend,
     get_attn_backend,
     get_kv_cache_layout,
+    get_mla_prefill_backend,
     is_quantized_kv_cache,
     kv_cache_storage_dtype,
     list_backends,
+    list_mla_prefill_backends,
+    mla_attention_spec,
+    mla_chunked_prefill_workspace_tokens,
     reorder_batch_to_split_decodes_and_prefills,
     set_current_cuda_stream,
     set_kv_cache_layout,
@@ -48,7 +61,9 @@ from ._C import (
 )
 from ._layer import Attention
 from ._metadata import CommonAttentionMetadata, make_local_attention_virtual_batches
-from ._ops import merge_attn_states, reshape_and_cache, reshape_and_cache_flash
+from ._mla import MLAAttention
+from ._ops import (concat_and_cache_mla, gather_and_maybe_dequant_cache, merge_attn_states,
+                   reshape_and_cache, reshape_and_cache_flash)
 
 __version__ = "0.1.0"
 
@@ -75,20 +90,33 @@ __all__ = [
     "CommonAttentionMetadata",
     "Error",
     "KVCacheSpec",
+    "MLAAttention",
+    "MLAAttentionMetadata",
+    "MLADimensions",
+    "MLAPrefillBackend",
     "MultipleOf",
     "built_with_cuda",
     "canonical_dtype",
     "common_prefix_len",
+    "concat_and_cache_mla",
     "cuda_device_count",
     "current_cuda_stream",
+    "device_capability",
+    "explain_mla_prefill_backends",
     "find_backend",
+    "find_mla_prefill_backend",
+    "gather_and_maybe_dequant_cache",
     "get_attn_backend",
     "get_kv_cache_layout",
+    "get_mla_prefill_backend",
     "is_quantized_kv_cache",
     "kv_cache_storage_dtype",
     "list_backends",
+    "list_mla_prefill_backends",
     "make_local_attention_virtual_batches",
     "merge_attn_states",
+    "mla_attention_spec",
+    "mla_chunked_prefill_workspace_tokens",
     "reorder_batch_to_split_decodes_and_prefills",
     "reshape_and_cache",
     "reshape_and_cache_flash",

@@ -84,7 +84,9 @@ class AttentionBackend:
                                device: DeviceLike = "cpu", head_size_v: int = 0,
                                use_alibi: bool = False, use_sliding_window: bool = False,
                                use_logits_soft_cap: bool = False,
-                               fp8_output: bool = False) -> list[str]: ...
+                               fp8_output: bool = False,
+                               mla_dimensions: Optional[MLADimensions] = None,
+                               num_heads: int = 0) -> list[str]: ...
     def capabilities(self) -> dict[str, list[Any]]: ...
 
 def get_attn_backend(head_size: int, dtype: DTypeLike, kv_cache_dtype: Optional[str],
@@ -136,6 +138,20 @@ class AttentionMetadata:
     def common_prefix_len(self) -> int: ...
     @property
     def device(self) -> str: ...
+
+class MLAAttentionMetadata(AttentionMetadata):
+    @property
+    def num_decodes(self) -> int: ...
+    @property
+    def num_decode_tokens(self) -> int: ...
+    @property
+    def num_prefills(self) -> int: ...
+    @property
+    def num_prefill_tokens(self) -> int: ...
+    @property
+    def num_context_chunks(self) -> int: ...
+    @property
+    def max_context_chunk(self) -> int: ...
 
 class AttentionMetadataBuilder:
     def build(self, common: CommonAttentionMetadata, common_prefix_len: int = 0,
@@ -223,3 +239,100 @@ def merge_attn_states(output: Tensor, prefix_output: Tensor, prefix_lse: Tensor,
                       suffix_output: Tensor, suffix_lse: Tensor,
                       output_lse: Optional[Tensor] = None,
                       prefill_tokens_with_context: Optional[int] = None) -> None: ...
+
+# ---- MLA (multi-head latent attention) ----------------------------------------------------------
+
+class MLADimensions:
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    def __init__(self, kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
+                 v_head_dim: int) -> None: ...
+    @property
+    def latent_head_size(self) -> int: ...
+    @property
+    def qk_head_dim(self) -> int: ...
+
+def mla_attention_spec(block_size: int, mla_dimensions: MLADimensions, dtype: DTypeLike,
+                       kv_cache_dtype: str = "auto") -> KVCacheSpec: ...
+def mla_chunked_prefill_workspace_tokens(max_model_len: int, max_num_seqs: int,
+                                         block_size: int) -> int: ...
+def concat_and_cache_mla(kv_c: Tensor, k_pe: Tensor, kv_cache: Tensor, slot_mapping: Tensor,
+                         kv_cache_dtype: str = "auto",
+                         scale: Union[float, Tensor] = 1.0) -> None: ...
+def gather_and_maybe_dequant_cache(src_cache: Tensor, dst: Tensor, block_table: Tensor,
+                                   cu_seq_lens: Tensor, batch_size: int,
+                                   kv_cache_dtype: str = "auto",
+                                   scale: Union[float, Tensor] = 1.0,
+                                   seq_starts: Optional[Tensor] = None) -> None: ...
+
+# (major, minor), as vLLM's DeviceCapability NamedTuple.
+DeviceCapabilityLike = tuple[int, int]
+
+def device_capability(device: DeviceLike = "cpu") -> tuple[int, int]: ...
+
+class MLAPrefillBackend:
+    @property
+    def name(self) -> str: ...
+    def get_name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def supported_dtypes(self) -> list[str]: ...
+    @property
+    def supported_mla_dimensions(self) -> list[MLADimensions]: ...
+    def supports_dtype(self, dtype: DTypeLike) -> bool: ...
+    def supports_compute_capability(self, device_capability: DeviceCapabilityLike) -> bool: ...
+    def is_available(self) -> bool: ...
+    def validate_configuration(self, dtype: DTypeLike, mla_dimensions: MLADimensions,
+                               device: DeviceLike = "cpu",
+                               device_capability: Optional[DeviceCapabilityLike] = None) -> list[str]: ...
+
+def list_mla_prefill_backends() -> list[MLAPrefillBackend]: ...
+def find_mla_prefill_backend(name: str) -> Optional[MLAPrefillBackend]: ...
+def explain_mla_prefill_backends(
+    dtype: DTypeLike, mla_dimensions: MLADimensions, device: DeviceLike = "cpu",
+    device_capability: Optional[DeviceCapabilityLike] = None) -> list[tuple[MLAPrefillBackend, list[str]]]: ...
+def get_mla_prefill_backend(dtype: DTypeLike, mla_dimensions: MLADimensions,
+                            device: DeviceLike = "cpu",
+                            device_capability: Optional[DeviceCapabilityLike] = None,
+                            backend: Optional[str] = None) -> MLAPrefillBackend: ...
+
+class MLAAttention:
+    backend: AttentionBackend
+    prefill_backend: str
+    kv_cache_spec: KVCacheSpec
+    kv_cache_storage_dtype: str
+    k_scale: float
+    num_heads: int
+    scale: float
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    qk_head_dim: int
+    v_head_dim: int
+    q_lora_rank: Optional[int]
+    kv_lora_rank: int
+    mla_dimensions: MLADimensions
+    head_size: int
+    num_kv_heads: int
+    kv_cache_dtype: str
+    block_size: int
+    kv_sharing_target_layer_name: Optional[str]
+    layer_name: str
+    dtype: str
+    device: str
+    def __init__(self, num_heads: int, scale: Optional[float], qk_nope_head_dim: int,
+                 qk_rope_head_dim: int, v_head_dim: int, q_lora_rank: Optional[int],
+                 kv_lora_rank: int, kv_b_proj: Optional[Any] = None, kv_cache_dtype: str = "auto",
+                 block_size: int = 64, kv_sharing_target_layer_name: Optional[str] = None,
+                 prefix: str = "", dtype: DTypeLike = "bfloat16", device: DeviceLike = "cpu",
+                 backend: Optional[str] = None, prefill_backend: Optional[str] = None) -> None: ...
+    def process_weights_after_loading(self, kv_b_proj: Optional[Any] = None) -> None: ...
+    def allocate_kv_cache(self, num_blocks: int, framework: Optional[str] = None) -> Tensor: ...
+    def metadata_builder(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
+                         max_model_len: int = 8192,
+                         chunked_prefill_workspace_tokens: Optional[int] = None) -> AttentionMetadataBuilder: ...
+    def forward(self, q: Tensor, kv_c_normed: Tensor, k_pe: Tensor, kv_cache: Tensor,
+                attn_metadata: AttentionMetadata, output: Optional[Tensor] = None,
+                output_lse: Optional[Tensor] = None, return_lse: bool = False) -> Any: ...

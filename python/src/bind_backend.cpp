@@ -113,7 +113,8 @@ void bind_backend(nb::module_& m) {
           [](const PyBackend& b, int head_size, nb::handle dtype, const std::string& kv_cache_dtype,
              int block_size, bool use_mla, bool has_sink, bool use_sparse,
              const std::string& attn_type, nb::handle device, int head_size_v, bool use_alibi,
-             bool use_sliding_window, bool use_logits_soft_cap, bool fp8_output) {
+             bool use_sliding_window, bool use_logits_soft_cap, bool fp8_output,
+             std::optional<MLADimensions> mla_dimensions, int num_heads) {
             SelectorConfig c = selector_config(head_size, dtype, kv_cache_dtype, block_size, use_mla,
                                                has_sink, use_sparse, attn_type, device);
             c.head_size_v = head_size_v;
@@ -121,6 +122,8 @@ void bind_backend(nb::module_& m) {
             c.use_sliding_window = use_sliding_window;
             c.use_logits_soft_cap = use_logits_soft_cap;
             c.fp8_output = fp8_output;
+            if (mla_dimensions) c.mla_dimensions = *mla_dimensions;
+            c.num_heads = num_heads;
             return b.backend->validate_configuration(c);
           },
           "head_size"_a, "dtype"_a, "kv_cache_dtype"_a = "auto", "block_size"_a = 16,
@@ -128,7 +131,10 @@ void bind_backend(nb::module_& m) {
           "attn_type"_a = "decoder", "device"_a = "cpu", "head_size_v"_a = 0,
           "use_alibi"_a = false, "use_sliding_window"_a = false,
           "use_logits_soft_cap"_a = false, "fp8_output"_a = false,
-          "Reasons this backend cannot run the configuration (full sentences); empty = usable.")
+          "mla_dimensions"_a.none() = nb::none(), "num_heads"_a = 0,
+          "Reasons this backend cannot run the configuration (full sentences); empty = usable. "
+          "MLA layers: use_mla=True, head_size = kv_lora_rank + qk_rope_head_dim, and "
+          "mla_dimensions (an MLADimensions) / num_heads when known.")
       .def(
           "capabilities",
           [](const PyBackend& b) {
@@ -219,7 +225,7 @@ void bind_backend(nb::module_& m) {
               nb::gil_scoped_release release;
               md = b.builder->build(common_prefix_len, c, fast_build);
             }
-            return PyAttentionMetadata{std::move(md), b.device};
+            return wrap_metadata(std::move(md), b.device);
           },
           "common"_a, "common_prefix_len"_a = 0, "fast_build"_a = false, nb::keep_alive<0, 1>(),
           nb::keep_alive<0, 2>(),
@@ -235,7 +241,7 @@ void bind_backend(nb::module_& m) {
               nb::gil_scoped_release release;
               md = b.builder->build_for_cudagraph_capture(c);
             }
-            return PyAttentionMetadata{std::move(md), b.device};
+            return wrap_metadata(std::move(md), b.device);
           },
           "common"_a, nb::keep_alive<0, 1>(), nb::keep_alive<0, 2>())
       .def(

@@ -17,6 +17,7 @@ void bind_backend(nb::module_& m);   // backends, selector, metadata builder, me
 void bind_metadata(nb::module_& m);  // CommonAttentionMetadata and the batch utilities
 void bind_layer(nb::module_& m);     // Attention
 void bind_ops(nb::module_& m);       // reshape_and_cache(_flash), merge_attn_states
+void bind_mla(nb::module_& m);       // MLAAttention, MLA ops, spec and prefill selector
 
 // CommonAttentionMetadata built from host arrays, materialized once per device it is used on
 // (the CPU copy at construction, validated; a CUDA copy the first time a CUDA builder needs it).
@@ -49,6 +50,14 @@ struct PyAttentionMetadata {
   std::shared_ptr<const AttentionMetadata> metadata;
   Device device = Device::cpu;
 };
+
+// An MLA backend's plan (MLAAttentionMetadata in Python, a subclass of AttentionMetadata).
+struct PyMLAAttentionMetadata : PyAttentionMetadata {
+  const MLAMetadata& mla() const { return static_cast<const MLAMetadata&>(*metadata); }
+};
+
+// A plan as a Python object: MLAAttentionMetadata for an MLA plan, else AttentionMetadata.
+nb::object wrap_metadata(std::shared_ptr<const AttentionMetadata> metadata, Device device);
 
 // A metadata builder of `backend` as a Python AttentionMetadataBuilder (bind_backend.cpp).
 nb::object make_builder_object(const AttentionBackend& backend, const KVCacheSpec& spec,

@@ -43,4 +43,5 @@ NB_MODULE(_C, m) {
   pagedattn::python::bind_metadata(m);
   pagedattn::python::bind_layer(m);
   pagedattn::python::bind_ops(m);
+  pagedattn::python::bind_mla(m);
 }
