@@ -1,14 +1,16 @@
 // CUDA MLA against the host and fp64 oracles:
 //   CudaMlaOps.*     the device primitives vs the same ops on the cpu (cache writes and gathers
 //                    bit-exact; cuBLAS batched GEMM within f32-accumulation rounding; copy_3d exact)
-//   CudaMlaDecode.*  the latent decode kernel (+ split-KV combine) vs an fp64 oracle of the
-//                    absorbed formula, over head counts, cache dtypes, block sizes, partitions
+//   CudaMlaDecode.*  the latent decode kernels (mma.sync; wgmma for >= 64 heads and 16-bit
+//                    caches on sm_90a) + split-KV combine vs an fp64 oracle of the absorbed
+//                    formula, over head counts, cache dtypes, block sizes, partitions
 //   CudaMlaPrefill.* the "CUDA" prefill backend vs the REFERENCE prefill backend (fp64, cpu)
 //   CudaMlaLayer.*   MLAAttention on CUDA_MLA vs MLAAttention on REFERENCE_MLA (the un-absorbed
 //                    fp64 oracle) at DeepSeek dims: decode only, new tokens only, new + 1 / 2 /
 //                    many context chunks, mixed, fp8 cache, 16 and 128 heads
 // Every output is poisoned (NaN) before the run and every element checked finite.
 // PAGEDATTN_GPU_SMALL_GRID=1 (the sanitizer runs) keeps the smallest cases only.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 
 #include "../../src/backends/cuda/mla_cuda_backend.h"
 #include "../../src/backends/cuda/mla_decode.h"
+#include "../../src/backends/cuda/mla_decode_wgmma.h"
 #include "../../src/backends/mla/mla_common.h"
 #include "../../src/backends/reference/reference_mla.h"
 #include "conformance/mla_harness.h"
@@ -342,10 +345,41 @@ TEST(CudaMlaDecode, KernelMatchesOracle) {
       {128, DType::bf16, DType::bf16, 64, 66, {1, 700, 1300}},
       {128, DType::bf16, DType::fp8_e5m2, 64, 3, {400, 129}},
       {72, DType::f16, DType::fp8_e4m3, 48, 11, {250, 3}},  // 64-row tiles, last one partial
+      // 16-bit caches with >= 64 heads: the wgmma kernel on sm_90a (mla_decode_wgmma.cu).
+      {128, DType::bf16, DType::bf16, 16, 1, {300, 17, 64, 0}},  // one part: unsplit, 4 segments a CTA
+      {128, DType::f16, DType::f16, 64, 9, {1000, 129, 1}},      // split
+      {128, DType::bf16, DType::bf16, 16, 132, {2100, 65, 333}},
+      {64, DType::f16, DType::f16, 64, 5, {777, 64}},
+      {96, DType::bf16, DType::bf16, 16, 7, {450, 31}},           // second head tile half empty
   };
-  if (small_grid()) cases = {{16, DType::bf16, DType::bf16, 64, 5, {65, 130}}, {128, DType::bf16, DType::fp8_e4m3, 16, 3, {70}}};
+  if (small_grid()) {
+    cases = {{16, DType::bf16, DType::bf16, 64, 5, {65, 130}}, {128, DType::bf16, DType::fp8_e4m3, 16, 3, {70}},
+             {128, DType::bf16, DType::bf16, 16, 3, {70, 130}}};
+  }
   uint64_t seed = 100;
   for (const DecodeCase& c : cases) run_decode_case(c, seed += 10);
+}
+
+// The compute-bound head counts with 16-bit caches run the wgmma kernel on Hopper (so the
+// oracle cases above cover it); everything else stays on the mma.sync kernel.
+TEST(CudaMlaDecode, WgmmaKernelCoversHopperHeads) {
+  PAGEDATTN_REQUIRE_GPU();
+  int device = 0, major = 0, minor = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "the wgmma kernel needs compute capability 9.0";
+  const char* forced = std::getenv("PAGEDATTN_MLA_DECODE_KERNEL");
+  if (forced != nullptr && std::string(forced) == "mma") {
+    // The switch sends every head count to the mma.sync kernel.
+    EXPECT_FALSE(md::wgmma_decode_covers(128, DType::bf16, DType::bf16));
+    GTEST_SKIP() << "PAGEDATTN_MLA_DECODE_KERNEL=mma: the wgmma kernel is switched off";
+  }
+  EXPECT_TRUE(md::wgmma_decode_covers(128, DType::bf16, DType::bf16));
+  EXPECT_TRUE(md::wgmma_decode_covers(64, DType::f16, DType::f16));
+  EXPECT_FALSE(md::wgmma_decode_covers(32, DType::bf16, DType::bf16));
+  EXPECT_FALSE(md::wgmma_decode_covers(128, DType::bf16, DType::fp8_e4m3));
+  EXPECT_FALSE(md::wgmma_decode_covers(128, DType::bf16, DType::f16));
 }
 
 TEST(CudaMlaDecode, PlanBalancesParts) {

@@ -45,10 +45,12 @@
 
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 
 #include "backends/cuda/device_primitives.cuh"
 #include "backends/cuda/kernel_launch.h"
 #include "backends/cuda/mla_decode.h"
+#include "backends/cuda/mla_decode_wgmma.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda::mla_decode {
@@ -553,7 +555,10 @@ template <typename T>
 void launch_typed(const DecodeParams& params, DType cache_dtype, int num_parts, bool any_split, cudaStream_t stream) {
   const bool fp8 = is_fp8(cache_dtype);
   const int fmt = cache_dtype == DType::fp8_e4m3 ? 1 : cache_dtype == DType::fp8_e5m2 ? 2 : 0;
-  if (rows_per_cta(params.num_heads) == 16) {
+  constexpr DType act = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
+  if (wgmma_decode_covers(params.num_heads, act, cache_dtype)) {
+    launch_decode_wgmma(params, act, num_parts, stream);  // H >= 64, 16-bit cache, sm_90a
+  } else if (rows_per_cta(params.num_heads) == 16) {
     fp8 ? launch_variant<Cfg16<true>, T, true>(params, num_parts, fmt, stream)
         : launch_variant<Cfg16<false>, T, false>(params, num_parts, fmt, stream);
   } else {
@@ -572,6 +577,7 @@ void launch_typed(const DecodeParams& params, DType cache_dtype, int num_parts, 
 int rows_per_cta(int num_heads) { return num_heads <= 32 ? 16 : 64; }
 
 int decode_smem_bytes(int num_heads, bool fp8) {
+  if (!fp8 && wgmma_decode_covers(num_heads, DType::bf16, DType::bf16)) return wgmma_decode_smem_bytes();
   if (rows_per_cta(num_heads) == 16) return fp8 ? Cfg16<true>::kSmem : Cfg16<false>::kSmem;
   return fp8 ? Cfg64<true>::kSmem : Cfg64<false>::kSmem;
 }

@@ -1,0 +1,540 @@
+// CUDA_MLA decode, compute-bound head counts (H >= 64, f16/bf16 cache): Hopper wgmma kernel.
+//
+// What it computes: exactly what mla_decode.cu's kernel computes (see there), per decode request
+// b (one query token) and query head h:
+//   s_n = scale * (q[b, h, :576] . row_n[:576]),  o = sum_n softmax(s)_n row_n[:512],  LSE = log sum e^s
+// over the request's latent cache rows (values = the first 512 elements of the key rows), for one
+// plan segment (mla_decode.h) at a time; split segments write the same f32 partials (o, LSE) that
+// mla_decode.cu's combine kernel merges, uncut ones the output (and LSE) directly.
+//
+// Tiling. A CTA of two warpgroups owns 64 query heads of one part's segments and walks each
+// segment in 64-key tiles. Shared memory: Q 64 x 576 (73.7 KB, loaded once a segment), two K/V
+// stages of 64 keys x 576 (2 x 73.7 KB), P 64 x 64 (activation type, 8 KB) and the per-row
+// rescale factors: 230,144 bytes. Roles:
+//   WG0  S = Q . K^T for the whole tile (wgmma m64n64k16 x 36, K = 576, both operands from shared
+//        memory, f32 accumulators: 32 registers a thread); the online softmax (running max and
+//        sum, in registers); P and alpha (the O rescale factor) to shared memory; then its half
+//        of O: O[:, 0:256) = alpha * O + P . V[:, 0:256) (wgmma m64n256k16 x 4, 128 registers).
+//   WG1  the loads (cp.async, 16-byte copies, 8 threads a row; page lookups of tile t + 2
+//        read during tile t; zero-filled past the segment / for a page id outside the cache) and
+//        the other half of O: O[:, 256:512) with WG0's P and alpha.
+// V is read in place from the K tile (the B operand N-major: the tile's rows are keys).
+// Hand-offs (named barriers, 256 threads; WG0 arrives / WG1 waits or the reverse):
+//   P_READY(t)   WG0 wrote P(t) and alpha(t)          -> WG1 starts its P.V(t);
+//   FULL(t + 1)  WG1's copies of tile t + 1 landed     -> WG0 starts S(t + 1) (while WG1's
+//                P.V(t) still runs: the tensor core switches between the two warpgroups);
+//   P_FREE(t)    WG1's P.V(t) finished                -> WG0 overwrites P and alpha with t + 1;
+//   PV0_DONE(t)  WG0's P.V(t) finished (two ids by parity) -> WG1 refills stage t % 2 with t + 2.
+// Shared layout: every 64-row tile (Q, each stage, P) is stored as 9 (P: 1) column blocks of 64
+// elements; block c holds its 64 rows of 128 bytes with the 16-byte chunks XOR-swizzled by
+// (row & 7): the wgmma 128-byte swizzle (blocks 1024-byte aligned). Q . K^T reads both operands
+// K-major (k step = +32 bytes inside a block); P . V reads P K-major and V N-major (column blocks
+// = the 8192-byte leading stride, 8-key groups = the 1024-byte stride).
+//
+// Memory traffic and floor: per 64-key tile 73.7 KB of latent rows (the second head tile of
+// H = 128 is the adjacent CTA and mostly reads them from L2), 8.9 MFLOP: 242 FLOP per byte at
+// H = 128, so the floor is the tensor rate: 2 * H * seq * 1088 FLOP / ~790 TFLOP/s (H200: 0.186 ms
+// at batch 128 x 4k, 128 heads). Shared-memory reads per tile: S 36 x (2 KB Q + 2 KB K), the
+// tensor core's own rate for n = 64; P . V 8 x (2 KB P + 8 KB V).
+// Prediction: the tensor core is idle only while WG0 computes the softmax (~15% of a tile), so
+// ~60-70% of the tensor rate, ~500 TFLOP/s at 128 heads, batch 128 x 4k (the mma.sync kernel:
+// 265). Measured (H200, docs/perf/mla.md): 491 TFLOP/s (0.297 ms), 65% of the floor; ncu: DRAM
+// 2.25 TB/s (the latent read about once), SM throughput 53%. A first version with both
+// warpgroups computing S (n = 32 each: 1.5x the shared-memory reads of the tensor rate) and
+// every phase behind a CTA barrier ran at 388 TFLOP/s (0.376 ms).
+// racecheck reports the alpha hand-off (WG0 st.shared, bar.arrive; WG1 bar.sync, ld.shared, and
+// back through P_FREE) as hazards: it does not credit bar.arrive's release ordering (PTX memory
+// model: bar.arrive synchronizes with bar.sync on the same barrier); memcheck is clean.
+//
+// Precision points: as mla_decode.cu: logits, the softmax state and o in f32 (wgmma f32
+// accumulation); P rounded to the activation type before P . V (the row sums use the f32 P);
+// exp2 via ex2.approx; split partials f32; the output rounded once (RNE).
+//
+// Needs sm_90a (wgmma). Built for another target the kernel body is a trap with a static
+// shared-memory marker, and wgmma_decode_available() (which reads the marker through
+// cudaFuncGetAttributes) sends every launch to the mma.sync kernel instead.
+#include <string_view>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "backends/cuda/device_primitives.cuh"
+#include "backends/cuda/kernel_launch.h"
+#include "backends/cuda/mla_decode_wgmma.h"
+#include "pagedattn/error.h"
+
+namespace pagedattn::cuda::mla_decode {
+namespace {
+
+constexpr int kRows = 64;                               // query heads of a CTA
+constexpr int kKeys = kKeysPerTile;                     // 64 keys a tile
+constexpr int kThreads = 256;                           // two warpgroups
+constexpr int kChunks = kLatent * 2 / 16;               // 72 16-byte chunks of a row
+constexpr int kBlockBytes = kRows * 128;                // one 64-column block of a 64-row tile
+constexpr int kTileBytes = kLatent / 64 * kBlockBytes;  // 73,728
+constexpr int kPBytes = kBlockBytes;                    // P: 64 x 64
+constexpr int kValueCols = kValue / 2;                  // O columns of a warpgroup (256)
+constexpr int kCopyRows = 128 / 8;                      // rows a pass of WG1's copies (8 threads a row)
+constexpr int kCopyPasses = kKeys / kCopyRows;          // 4
+// Q, 2 stages, P, alpha (64), the epilogue's row sums and maxima (2 x 64).
+constexpr int kSmem = 3 * kTileBytes + kPBytes + 3 * kRows * 4;
+static_assert(kKeys == 64 && kRows == 64 && kLatent % 64 == 0);
+static_assert(kSmem <= 232448, "shared memory over the sm_90 limit");
+
+// Named barriers (0 is __syncthreads), 256 threads each.
+constexpr int kBarPReady = 1, kBarFull = 2, kBarPFree = 3, kBarPv0Done = 4;  // kBarPv0Done + (t & 1)
+__device__ __forceinline__ void bar_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+
+// Byte offset of 16-byte chunk `chunk` (0..71) of row `row` (0..63) of a tile (module comment).
+__device__ __forceinline__ int tile_off(int row, int chunk) {
+  return (chunk >> 3) * kBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// ---- wgmma (sm_90a) -----------------------------------------------------------------------------
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading / stride byte offsets.
+__device__ __forceinline__ uint64_t smem_desc(const void* ptr, uint32_t lbo, uint32_t sbo) {
+  const uint32_t a = smem_addr(ptr);
+  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator accesses across the asynchronous MMA region.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+// Ordinary shared-memory stores (cp.async, st.shared) -> reads by the tensor cores.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// D (64 x N f32, scale-d = 1: accumulate) += A (64 x 16, shared, K-major) . B (16 x N, shared;
+// n64: K-major, n256_tb: N-major).
+template <typename T>
+struct Wgmma;
+template <>
+struct Wgmma<__nv_bfloat16> {
+  static __device__ __forceinline__ void ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+  static __device__ __forceinline__ void ss_n256_tb(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+};
+template <>
+struct Wgmma<__half> {
+  static __device__ __forceinline__ void ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+  static __device__ __forceinline__ void ss_n256_tb(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+};
+#endif
+
+// Byte offset in the cache of key `pos` of `request`, or -1 (past the segment's end, or a page
+// id outside the cache: the row reads as zeros).
+__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int request, int pos, int kv_end) {
+  if (pos >= kv_end) return -1;
+  const int blk_idx = pos / p.block_size;
+  const int block = __ldg(p.block_table + static_cast<int64_t>(request) * p.bt_stride + blk_idx);
+  if (block < 0 || block >= p.num_blocks) return -1;
+  return (static_cast<int64_t>(block) * p.block_stride +
+          static_cast<int64_t>(pos - blk_idx * p.block_size) * p.token_stride) * 2;
+}
+
+// WG1 thread `t1` (0..127) copies rows t1 / 8 + 16 * pass of a tile: chunk t1 % 8 of each of the
+// 9 column blocks (a warp request covers 4 whole 128-byte lines).
+__device__ __forceinline__ void tile_offsets(const DecodeParams& p, const Segment& seg, int tile, int t1,
+                                             int64_t (&offsets)[kCopyPasses]) {
+#pragma unroll
+  for (int pass = 0; pass < kCopyPasses; ++pass) {
+    offsets[pass] = row_offset(p, seg.request, seg.kv_start + tile * kKeys + (t1 >> 3) + pass * kCopyRows, seg.kv_end);
+  }
+}
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const int64_t (&offsets)[kCopyPasses], int t1,
+                                          char* stage) {
+  const int sub = t1 & 7;
+#pragma unroll
+  for (int pass = 0; pass < kCopyPasses; ++pass) {
+    const int row = (t1 >> 3) + pass * kCopyRows;
+    const bool valid = offsets[pass] >= 0;
+    const char* src = static_cast<const char*>(p.cache) + (valid ? offsets[pass] : 0) + sub * 16;
+#pragma unroll
+    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(stage + tile_off(row, sub + 8 * j), src + j * 128, valid);
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const DecodeParams p, int head_tiles) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  char* q_smem = smem;                                           // Q tile
+  char* stages = q_smem + kTileBytes;                            // 2 K/V tiles
+  char* p_smem = stages + 2 * kTileBytes;                        // P (64 x 64)
+  float* alpha_smem = reinterpret_cast<float*>(p_smem + kPBytes);  // (64,) O rescale factors
+  float* row_sum = alpha_smem + kRows;                           // (64,) epilogue: final row sums
+  float* row_max = row_sum + kRows;                              // (64,) epilogue: final maxima (log2)
+
+  const int part = blockIdx.x / head_tiles;
+  const int h0 = (blockIdx.x - part * head_tiles) * kRows;
+  const int wg = threadIdx.x >> 7;                                 // 0: S + softmax + O[:, :256); 1: loads + O[:, 256:)
+  const int t1 = threadIdx.x & 127;                                // thread within the warpgroup
+  const int lane = threadIdx.x & 31;
+  const int quad_col = lane & 3;
+  const int r_lo = (t1 >> 5) * 16 + (lane >> 2);                   // accumulator rows r_lo, r_lo + 8
+
+  const int seg_end = p.part_begin[part + 1];
+  for (int seg_i = p.part_begin[part]; seg_i < seg_end; ++seg_i) {
+    const Segment seg = p.segments[seg_i];
+    const int num_tiles = seg.kv_end > seg.kv_start ? (seg.kv_end - seg.kv_start + kKeys - 1) / kKeys : 0;
+    // Prologue: Q by all threads, tiles 0 and 1 by WG1; Q and tile 0 visible to all after the barrier.
+    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+      const int row = idx / kChunks, chunk = idx - row * kChunks;
+      const bool valid = h0 + row < p.num_heads;
+      const char* src = static_cast<const char*>(p.q) +
+                        (static_cast<int64_t>(seg.request) * p.q_token_stride +
+                         static_cast<int64_t>(valid ? h0 + row : 0) * p.q_head_stride) * 2 + chunk * 16;
+      cp_async_16(q_smem + tile_off(row, chunk), src, valid);
+    }
+    cp_async_commit();
+    int64_t offsets[kCopyPasses];
+    if (wg == 1) {
+      for (int t = 0; t < 2; ++t) {
+        if (t < num_tiles) {
+          tile_offsets(p, seg, t, t1, offsets);
+          load_tile(p, offsets, t1, stages + t * kTileBytes);
+        }
+        cp_async_commit();
+      }
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_async_smem();
+    __syncthreads();
+
+    float o[kValueCols / 2];  // 64 x 256 f32 over the warpgroup: n8 block j -> o[4j .. 4j + 3]
+#pragma unroll
+    for (int i = 0; i < kValueCols / 2; ++i) o[i] = 0.f;
+    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};  // WG0: running max (log2 units) and sum
+
+    if (wg == 0) {
+#pragma unroll 1
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        if (tile > 0) bar_sync(kBarFull);  // tile's copies landed
+        const char* kv = stages + (tile & 1) * kTileBytes;
+
+        // S (64 x 64) = Q . K^T, 36 k16 steps.
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        reg_fence(s);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kLatent / 16; ++kk) {
+          const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+          Wgmma<T>::ss_n64(s, smem_desc(q_smem + off, 16, 1024), smem_desc(kv + off, 16, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        reg_fence(s);
+
+        // Mask keys past the segment; online softmax; P and alpha to shared memory.
+        const int key0 = seg.kv_start + tile * kKeys + 2 * quad_col;
+        if (seg.kv_start + (tile + 1) * kKeys > seg.kv_end) {
+#pragma unroll
+          for (int e = 0; e < 32; ++e)
+            if (key0 + 8 * (e >> 2) + (e & 1) >= seg.kv_end) s[e] = neg_inf();
+        }
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = neg_inf();
+#pragma unroll
+          for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+          mx = quad_max(mx);
+          const float m_new = fmaxf(m[h], mx * p.scale_log2);
+          const float base = m_new == neg_inf() ? 0.f : m_new;
+          alpha[h] = fast_exp2(m[h] - base);
+          m[h] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            s[4 * j + 2 * h] = fast_exp2(fmaf(s[4 * j + 2 * h], p.scale_log2, -base));
+            s[4 * j + 2 * h + 1] = fast_exp2(fmaf(s[4 * j + 2 * h + 1], p.scale_log2, -base));
+            sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+          }
+          l[h] = l[h] * alpha[h] + sum;
+        }
+        if (tile > 0) bar_sync(kBarPFree);  // WG1's P . V(tile - 1) no longer reads P / alpha
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = r_lo + 8 * h;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            *reinterpret_cast<uint32_t*>(p_smem + r * 128 + ((j ^ (r & 7)) << 4) + quad_col * 4) =
+                Mma<T>::pack(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+          }
+          if (quad_col == 0) alpha_smem[r] = alpha[h];
+        }
+        fence_async_smem();
+        bar_arrive(kBarPReady);
+
+        // O[:, 0:256) = alpha * O + P . V[:, 0:256).
+#pragma unroll
+        for (int j = 0; j < kValueCols / 8; ++j) {
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
+        reg_fence(o);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kKeys / 16; ++ks) {
+          Wgmma<T>::ss_n256_tb(o, smem_desc(p_smem + ks * 32, 16, 1024),
+                               smem_desc(kv + ks * 16 * 128, kBlockBytes, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        reg_fence(o);
+        if (tile + 2 < num_tiles) bar_arrive(kBarPv0Done + (tile & 1));  // stage tile & 1 free on WG0's side
+      }
+      // Final row sums and maxima for WG1's epilogue.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sum = quad_sum(l[h]);
+        if (quad_col == 0) {
+          row_sum[r_lo + 8 * h] = sum;
+          row_max[r_lo + 8 * h] = m[h];
+        }
+      }
+    } else {
+#pragma unroll 1
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        // Page lookups of tile + 2 (their latency hides behind this tile's P . V).
+        if (tile + 2 < num_tiles) tile_offsets(p, seg, tile + 2, t1, offsets);
+        bar_sync(kBarPReady);  // P(tile) and alpha(tile) written
+        const char* kv = stages + (tile & 1) * kTileBytes;
+        const float a0 = alpha_smem[r_lo], a1 = alpha_smem[r_lo + 8];
+#pragma unroll
+        for (int j = 0; j < kValueCols / 8; ++j) {
+          o[4 * j] *= a0;
+          o[4 * j + 1] *= a0;
+          o[4 * j + 2] *= a1;
+          o[4 * j + 3] *= a1;
+        }
+        reg_fence(o);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kKeys / 16; ++ks) {
+          Wgmma<T>::ss_n256_tb(o, smem_desc(p_smem + ks * 32, 16, 1024),
+                               smem_desc(kv + (kValueCols / 64) * kBlockBytes + ks * 16 * 128, kBlockBytes, 1024));
+        }
+        wgmma_commit();
+        // Tile + 1 (the only copies in flight) landed: WG0 may start S(tile + 1) now.
+        if (tile + 1 < num_tiles) {
+          cp_async_wait<0>();
+          fence_async_smem();
+          bar_arrive(kBarFull);
+        }
+        wgmma_wait_all();
+        reg_fence(o);
+        if (tile + 1 < num_tiles) bar_arrive(kBarPFree);  // WG0 may overwrite P and alpha
+        if (tile + 2 < num_tiles) {
+          bar_sync(kBarPv0Done + (tile & 1));  // WG0's P . V(tile) done: refill the stage with tile + 2
+          load_tile(p, offsets, t1, stages + (tile & 1) * kTileBytes);
+          cp_async_commit();
+        }
+      }
+    }
+    __syncthreads();  // WG0's row sums / maxima visible; every MMA and copy of the segment done
+
+    // Epilogue: normalize; each warpgroup writes its 256 columns of rows r_lo, r_lo + 8.
+    const bool split = seg.partial_row >= 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r_lo + 8 * h;
+      const int head = h0 + r;
+      if (head >= p.num_heads) continue;
+      const float lsum = row_sum[r];
+      const float scale = lsum > 0.f ? p.out_scale / lsum : 0.f;
+      const float lse = lsum > 0.f ? (row_max[r] + log2f(lsum)) * kLn2 : neg_inf();
+      const int col0 = wg * kValueCols + 2 * quad_col;
+      if (split) {
+        float* dst = p.partial_out + (static_cast<int64_t>(seg.partial_row) * p.num_heads + head) * kValue + col0;
+#pragma unroll
+        for (int j = 0; j < kValueCols / 8; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * scale, o[4 * j + 2 * h + 1] * scale);
+        if (wg == 0 && quad_col == 0) p.partial_lse[static_cast<int64_t>(seg.partial_row) * p.num_heads + head] = lse;
+      } else {
+        T* dst = static_cast<T*>(p.out) + seg.request * p.o_token_stride + head * p.o_head_stride + col0;
+#pragma unroll
+        for (int j = 0; j < kValueCols / 8; ++j)
+          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+              Mma<T>::pack(o[4 * j + 2 * h] * scale, o[4 * j + 2 * h + 1] * scale);
+        if (wg == 0 && quad_col == 0 && p.lse != nullptr)
+          p.lse[head * p.lse_head_stride + static_cast<int64_t>(seg.request) * p.lse_token_stride] = lse;
+      }
+    }
+    __syncthreads();  // Q, the stages and the row statistics are reused by the next segment
+  }
+#else
+  // Not built for sm_90a: the static marker tells wgmma_decode_available() to keep this unused.
+  __shared__ int not_sm90a_marker[32];
+  reinterpret_cast<volatile int*>(not_sm90a_marker)[threadIdx.x & 31] = head_tiles;
+  __trap();
+#endif
+}
+// Whether the sm_90a image of the kernel is the one the current device loads (per device, once).
+bool wgmma_decode_available() {
+  static std::atomic<uint64_t> known{0}, available{0};
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((known.load() & bit) == 0) {
+    cudaFuncAttributes attributes{};
+    const bool ok = cudaFuncGetAttributes(&attributes, mla_decode_wgmma_kernel<__nv_bfloat16>) == cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
+    if (ok && attributes.sharedSizeBytes == 0) {
+      for (auto* kernel : {mla_decode_wgmma_kernel<__nv_bfloat16>, mla_decode_wgmma_kernel<__half>}) {
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        check_launch("cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
+      }
+      available.fetch_or(bit);
+    }
+    known.fetch_or(bit);
+  }
+  return (available.load() & bit) != 0;
+}
+
+}  // namespace
+
+bool wgmma_decode_forced_off() {
+  const char* env = std::getenv("PAGEDATTN_MLA_DECODE_KERNEL");
+  if (env == nullptr || *env == '\0' || std::string_view(env) == "auto") return false;
+  PAGEDATTN_CHECK(std::string_view(env) == "mma", "PAGEDATTN_MLA_DECODE_KERNEL",
+                  "PAGEDATTN_MLA_DECODE_KERNEL = \"", env,
+                  "\" is not a decode kernel choice: expected auto (wgmma for >= 64 heads on sm_90a) or mma "
+                  "(the mma.sync kernel for every head count)");
+  return true;
+}
+
+bool wgmma_decode_covers(int num_heads, DType activation, DType cache_dtype) {
+  return num_heads >= 64 && (activation == DType::bf16 || activation == DType::f16) && cache_dtype == activation &&
+         !wgmma_decode_forced_off() && wgmma_decode_available();
+}
+
+int wgmma_decode_smem_bytes() { return kSmem; }
+
+void launch_decode_wgmma(const DecodeParams& params, DType activation, int num_parts, void* stream) {
+  const int head_tiles = (params.num_heads + kRows - 1) / kRows;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (activation == DType::bf16) {
+    mla_decode_wgmma_kernel<__nv_bfloat16><<<num_parts * head_tiles, kThreads, kSmem, s>>>(params, head_tiles);
+  } else {
+    mla_decode_wgmma_kernel<__half><<<num_parts * head_tiles, kThreads, kSmem, s>>>(params, head_tiles);
+  }
+  check_launch("mla_decode_wgmma_kernel");
+}
+
+}  // namespace pagedattn::cuda::mla_decode
