@@ -374,7 +374,11 @@ def test_mla_spec_and_layer_properties():
     assert forced.backend.name == "CPU_MLA" and forced.prefill_backend == "REFERENCE"
     oracle = pagedattn.MLAAttention(4, None, 32, 16, 48, None, 64, dtype="float32",
                                     block_size=16, backend="REFERENCE_MLA")
-    assert oracle.backend.name == "REFERENCE_MLA"  # the oracle runs its prefill itself
+    assert oracle.backend.name == "REFERENCE_MLA"  # the oracle runs its fp64 prefill itself
+    assert oracle.prefill_backend == "REFERENCE"
+    with pytest.raises(ValueError, match="prefill_backend"):
+        pagedattn.MLAAttention(4, None, 32, 16, 48, None, 64, dtype="float32", block_size=16,
+                               backend="REFERENCE_MLA", prefill_backend="CPU")
     builder = forced.metadata_builder()
     assert builder.reorder_batch_threshold == 1
     assert builder.reorder_batch([5, 1, 1]) == ([2, 1, 0], True)

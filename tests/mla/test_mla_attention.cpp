@@ -463,8 +463,10 @@ TEST(MLALayer, ParameterErrorsNameTheArgument) {
   p.backend = "REFERENCE";  // a standard backend refuses use_mla
   expect_error([&] { MLAAttention l(p); }, "backend", "use_mla");
   p = small_layer();
-  p.prefill_backend = "nope";
-  p.backend = "REFERENCE_MLA";  // the oracle has no prefill backend: the name is not used
+  p.prefill_backend = "CPU";
+  p.backend = "REFERENCE_MLA";  // the oracle runs its own fp64 prefill: a forced one is refused
+  expect_error([&] { MLAAttention l(p); }, "prefill_backend", "fp64 prefill");
+  p.prefill_backend = "reference";  // ... except the fp64 one itself
   EXPECT_NO_THROW(MLAAttention l(p));
 }
 

@@ -22,6 +22,7 @@
 
 #include "backends/host_backend_common.h"
 #include "backends/mla/mla_common.h"
+#include "backends/ordered_registry.h"
 #include "backends/reference/reference_mla.h"
 #include "pagedattn/error.h"
 
@@ -42,6 +43,11 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
                     ": kv_cache_dtype = '", q.kv_cache_dtype, "' is not supported: expected one of ",
                     host::accepted_kv_cache_dtypes());
     mla::check_mla_impl_params(kWho, q);
+    // The oracle computes its prefill itself, in fp64: a forced prefill backend would be ignored,
+    // so anything but the fp64 one is refused rather than silently dropped.
+    PAGEDATTN_CHECK(q.prefill_backend.empty() || detail::equal_ignoring_case(q.prefill_backend, "REFERENCE"),
+                    "prefill_backend", kWho, ": prefill_backend = '", q.prefill_backend,
+                    "' cannot be used: REFERENCE_MLA runs its own fp64 prefill (leave it empty, or REFERENCE)");
     cache_dtype_ = kv_cache_storage_dtype(q.kv_cache_dtype, q.dtype);
   }
 
@@ -250,7 +256,9 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
     }
   }
 
-  std::string_view prefill_backend_name() const override { return "REFERENCE_MLA"; }
+  // Its prefill is the fp64 one, computed in place (the same arithmetic as the REFERENCE prefill
+  // backend).
+  std::string_view prefill_backend_name() const override { return "REFERENCE"; }
 
  private:
   const MLAMetadata& checked_metadata(const AttentionMetadata& metadata, const char* entry) const {
