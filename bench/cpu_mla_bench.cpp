@@ -37,6 +37,7 @@
 #include "../src/backends/cpu/cpu_internal.h"
 #include "../src/backends/cpu/cpu_mla_backend.h"
 #include "pagedattn/pagedattn.h"
+#include "cpu_peaks.h"
 
 namespace pagedattn {
 namespace {
@@ -44,66 +45,13 @@ namespace {
 // ---- measured peaks -------------------------------------------------------------------------
 double g_copy_gbs = 0, g_dpbf16_gflops = 0;
 
-double measure_copy_gbs() {
-  const size_t bytes = size_t{1} << 30;
-  char* src = static_cast<char*>(std::aligned_alloc(size_t{1} << 21, bytes));
-  char* dst = static_cast<char*>(std::aligned_alloc(size_t{1} << 21, bytes));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < static_cast<int64_t>(bytes >> 12); ++i) {
-    std::memset(src + (i << 12), static_cast<int>(i), 4096);
-    std::memset(dst + (i << 12), 0, 4096);
-  }
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const double start = omp_get_wtime();
-#pragma omp parallel
-    {
-      const size_t nt = static_cast<size_t>(omp_get_num_threads());
-      const size_t chunk = bytes / nt / 256 * 256, begin = chunk * static_cast<size_t>(omp_get_thread_num());
-      std::memcpy(dst + begin, src + begin, chunk);
-    }
-    benchmark::DoNotOptimize(dst);
-    best = std::max(best, 2.0 * static_cast<double>(bytes) / (omp_get_wtime() - start) / 1e9);
-  }
-  std::free(src);
-  std::free(dst);
-  return best;
-}
-
-__attribute__((target("avx512f,avx512bf16"))) double measure_dpbf16_gflops() {
-  const int64_t iters = 20'000'000;
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    const double start = omp_get_wtime();
-    int threads = 1;
-#pragma omp parallel
-    {
-#pragma omp single
-      threads = omp_get_num_threads();
-      __m512 acc[12];
-      for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
-      const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-4f);
-      const __m512bh ab = _mm512_cvtne2ps_pbh(a, a), bb = _mm512_cvtne2ps_pbh(b, b);
-      for (int64_t it = 0; it < iters; ++it) {
-        for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], ab, bb);
-      }
-      __m512 s = acc[0];
-      for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-      benchmark::DoNotOptimize(s);
-    }
-    // 16 lanes x 2 pairs x 2 FLOP per instruction
-    best = std::max(best, static_cast<double>(iters) * 12 * threads * 64 / (omp_get_wtime() - start) / 1e9);
-  }
-  return best;
-}
-
 void BM_Peak(benchmark::State& state, int which) {
   double value = 0;
   for (auto _ : state) {
     if (which == 0) {
-      value = g_copy_gbs = measure_copy_gbs();
+      value = g_copy_gbs = bench::measure_bandwidth_gbs(/*read_only=*/false);
     } else if (__builtin_cpu_supports("avx512bf16")) {
-      value = g_dpbf16_gflops = measure_dpbf16_gflops();
+      value = g_dpbf16_gflops = bench::measure_compute_gflops(/*bf16=*/true);
     }
   }
   state.counters[which == 0 ? "GB/s" : "GFLOP/s"] = value;
