@@ -30,103 +30,11 @@
 
 #include "../src/backends/cuda/cuda_backend.h"
 #include "pagedattn/pagedattn.h"
+#include "cuda_bench_common.cuh"
 
 namespace {
 
 using namespace pagedattn;
-
-#define BENCH_CUDA(expr)                                                                       \
-  do {                                                                                         \
-    const cudaError_t _s = (expr);                                                             \
-    if (_s != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_s)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
-
-// Fills `bytes` with random values of `dtype` (bf16 in [-1, 1); fp8: finite random bytes).
-__global__ void fill_random(uint8_t* data, size_t count, int dtype_code, uint64_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    if (dtype_code == 0) {  // bf16
-      const float v = static_cast<float>(x & 0xffffff) / 8388608.f - 1.f;
-      reinterpret_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16(v);
-    } else {  // fp8 e4m3: exponent <= 8 (|v| < 2), never NaN
-      data[i] = static_cast<uint8_t>((x & 0x80) | ((x >> 8) % 0x48));
-    }
-  }
-}
-
-void fill(void* data, size_t count, DType dtype, uint64_t seed) {
-  fill_random<<<1024, 256>>>(static_cast<uint8_t*>(data), count, dtype == DType::bf16 ? 0 : 1, seed);
-  BENCH_CUDA(cudaGetLastError());
-}
-
-struct Ceilings {
-  double copy_tbps = 0;     // bytes read + written per second / 1e12
-  double gemm_tflops = 0;   // cuBLAS bf16 8192^3
-};
-
-float time_events(const std::function<void()>& body, int iters) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> samples;
-  for (int rep = 0; rep < 5; ++rep) {
-    cudaEventRecord(a);
-    for (int i = 0; i < iters; ++i) body();
-    cudaEventRecord(b);
-    BENCH_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    samples.push_back(ms / iters);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
-}
-
-Ceilings measure_ceilings() {
-  Ceilings c;
-  const size_t bytes = size_t{2} << 30;
-  void *src = nullptr, *dst = nullptr;
-  BENCH_CUDA(cudaMalloc(&src, bytes));
-  BENCH_CUDA(cudaMalloc(&dst, bytes));
-  fill(src, bytes / 2, DType::bf16, 1);
-  for (int i = 0; i < 3; ++i) cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice);
-  const float ms = time_events([&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); }, 10);
-  c.copy_tbps = 2.0 * bytes / (ms * 1e-3) / 1e12;
-  cudaFree(src);
-  cudaFree(dst);
-
-  const int n = 8192;
-  void *a = nullptr, *b = nullptr, *out = nullptr;
-  BENCH_CUDA(cudaMalloc(&a, size_t{2} * n * n));
-  BENCH_CUDA(cudaMalloc(&b, size_t{2} * n * n));
-  BENCH_CUDA(cudaMalloc(&out, size_t{2} * n * n));
-  fill(a, size_t{n} * n, DType::bf16, 2);
-  fill(b, size_t{n} * n, DType::bf16, 3);
-  cublasHandle_t handle;
-  cublasCreate(&handle);
-  const float alpha = 1.f, beta = 0.f;
-  auto gemm = [&] {
-    cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta,
-                 out, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  };
-  for (int i = 0; i < 3; ++i) gemm();
-  const float gms = time_events(gemm, 10);
-  c.gemm_tflops = 2.0 * n * double(n) * n / (gms * 1e-3) / 1e12;
-  cublasDestroy(handle);
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(out);
-  return c;
-}
 
 struct Request {
   int context = 0;

@@ -36,20 +36,13 @@
 #include "../src/backends/cuda/mla_cuda_backend.h"
 #include "../src/backends/cuda/mla_decode.h"
 #include "pagedattn/pagedattn.h"
+#include "cuda_bench_common.cuh"
 
 namespace {
 
 using namespace pagedattn;
 namespace md = pagedattn::cuda::mla_decode;
 
-#define BENCH_CUDA(expr)                                                                         \
-  do {                                                                                           \
-    const cudaError_t _s = (expr);                                                               \
-    if (_s != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(_s)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 #define BENCH_CUBLAS(expr)                                                               \
   do {                                                                                   \
     const cublasStatus_t _s = (expr);                                                    \
@@ -60,22 +53,6 @@ namespace md = pagedattn::cuda::mla_decode;
   } while (0)
 
 // bf16 uniform in [-1, 1) (random, never zeros).
-__global__ void fill_bf16(__nv_bfloat16* data, size_t count, uint64_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    data[i] = __float2bfloat16(static_cast<float>(x & 0xffffff) / 8388608.f - 1.f);
-  }
-}
-void fill(void* p, size_t count, uint64_t seed) {
-  fill_bf16<<<2048, 256>>>(static_cast<__nv_bfloat16*>(p), count, seed);
-  BENCH_CUDA(cudaGetLastError());
-}
-
-// Row softmax of s (rows, n) f32 * scale -> p bf16; causal: row r sees keys <= r % q + offset.
 __global__ void softmax_rows(const float* s, __nv_bfloat16* p, int n, float scale, int q_len, int offset) {
   const int64_t row = blockIdx.x;
   const int limit = q_len > 0 ? min(n, static_cast<int>(row % q_len) + offset + 1) : n;
@@ -99,63 +76,6 @@ __global__ void softmax_rows(const float* s, __nv_bfloat16* p, int n, float scal
   const float inv = 1.f / sum;
   for (int i = threadIdx.x; i < n; i += blockDim.x)
     p[row * n + i] = __float2bfloat16(i < limit ? __expf((x[i] - mx) * scale) * inv : 0.f);
-}
-
-float time_events(const std::function<void()>& body, int iters) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> samples;
-  for (int rep = 0; rep < 5; ++rep) {
-    cudaEventRecord(a, static_cast<cudaStream_t>(current_cuda_stream()));
-    for (int i = 0; i < iters; ++i) body();
-    cudaEventRecord(b, static_cast<cudaStream_t>(current_cuda_stream()));
-    BENCH_CUDA(cudaEventSynchronize(b));
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    samples.push_back(ms / iters);
-  }
-  BENCH_CUDA(cudaGetLastError());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
-}
-
-struct Ceilings {
-  double copy_tbps = 0, gemm_tflops = 0;
-};
-
-Ceilings measure_ceilings(cublasHandle_t h) {
-  Ceilings c;
-  const size_t bytes = size_t{2} << 30;
-  void *src = nullptr, *dst = nullptr;
-  BENCH_CUDA(cudaMalloc(&src, bytes));
-  BENCH_CUDA(cudaMalloc(&dst, bytes));
-  fill(src, bytes / 2, 1);
-  for (int i = 0; i < 3; ++i) cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice);
-  const float ms = time_events([&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice); }, 10);
-  c.copy_tbps = 2.0 * bytes / (ms * 1e-3) / 1e12;
-  cudaFree(src);
-  cudaFree(dst);
-  const int n = 8192;
-  void *a = nullptr, *b = nullptr, *o = nullptr;
-  BENCH_CUDA(cudaMalloc(&a, size_t{2} * n * n));
-  BENCH_CUDA(cudaMalloc(&b, size_t{2} * n * n));
-  BENCH_CUDA(cudaMalloc(&o, size_t{2} * n * n));
-  fill(a, size_t{n} * n, 2);
-  fill(b, size_t{n} * n, 3);
-  const float alpha = 1.f, beta = 0.f;
-  auto gemm = [&] {
-    cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &beta, o,
-                 CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  };
-  for (int i = 0; i < 3; ++i) gemm();
-  c.gemm_tflops = 2.0 * n * double(n) * n / (time_events(gemm, 10) * 1e-3) / 1e12;
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(o);
-  return c;
 }
 
 struct Row {
@@ -212,7 +132,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   BENCH_CUDA(cudaMalloc(&q, size_t{2} * batch * heads * md::kLatent));
   BENCH_CUDA(cudaMalloc(&out, size_t{2} * batch * heads * md::kValue));
   BENCH_CUDA(cudaMalloc(&lse, size_t{4} * batch * heads));
-  fill(q, static_cast<size_t>(batch) * heads * md::kLatent, 11);
+  fill(q, static_cast<size_t>(batch) * heads * md::kLatent, DType::bf16, 11);
 
   md::DecodeParams p{};
   p.q = q;
@@ -263,7 +183,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   void *k_dense = nullptr, *sc = nullptr, *pp = nullptr;
   if (dense + s_bytes * 3 / 2 < (size_t{24} << 30) && cudaMalloc(&k_dense, dense) == cudaSuccess &&
       cudaMalloc(&sc, s_bytes) == cudaSuccess && cudaMalloc(&pp, s_bytes / 2) == cudaSuccess) {
-    fill(k_dense, dense / 2, 13);
+    fill(k_dense, dense / 2, DType::bf16, 13);
     const float one = 1.f, zero = 0.f;
     auto peer = [&] {
       BENCH_CUBLAS(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, context, heads, md::kLatent, &one, k_dense,
@@ -316,15 +236,15 @@ std::vector<Row> bench_prefill(int heads, int context, const Ceilings& ceil, cub
   lp.prefix = "bench";
   MLAAttention layer(lp);
   Tensor w(Shape{int64_t{heads} * (kP + kV), kL}, DType::bf16, Device::cuda);
-  fill(w.data(), w.numel(), 21);
+  fill(w.data(), w.numel(), DType::bf16, 21);
   layer.process_weights_after_loading(w);
   Tensor cache = layer.allocate_kv_cache(blocks);
-  fill(cache.data(), cache.numel(), 22);
+  fill(cache.data(), cache.numel(), DType::bf16, 22);
   Tensor q(Shape{total, heads, kP + kR}, DType::bf16, Device::cuda), kv_c(Shape{total, kL}, DType::bf16, Device::cuda),
       k_pe(Shape{total, kR}, DType::bf16, Device::cuda), out(Shape{total, heads, kV}, DType::bf16, Device::cuda);
-  fill(q.data(), q.numel(), 23);
-  fill(kv_c.data(), kv_c.numel(), 24);
-  fill(k_pe.data(), k_pe.numel(), 25);
+  fill(q.data(), q.numel(), DType::bf16, 23);
+  fill(kv_c.data(), kv_c.numel(), DType::bf16, 24);
+  fill(k_pe.data(), k_pe.numel(), DType::bf16, 25);
   CommonAttentionMetadataArgs args;
   args.query_start_loc = {0};
   args.max_num_blocks_per_req = cols;
@@ -391,8 +311,8 @@ std::vector<Row> bench_prefill(int heads, int context, const Ceilings& ceil, cub
   const int64_t kv_rows = std::max(total, kReqs * context);
   Tensor k(Shape{kv_rows, heads, kP + kR}, DType::bf16, Device::cuda), v(Shape{kv_rows, heads, kV}, DType::bf16, Device::cuda),
       lse(Shape{heads, total}, DType::f32, Device::cuda), out2(Shape{total, heads, kV}, DType::bf16, Device::cuda);
-  fill(k.data(), k.numel(), 26);
-  fill(v.data(), v.numel(), 27);
+  fill(k.data(), k.numel(), DType::bf16, 26);
+  fill(v.data(), v.numel(), DType::bf16, 27);
   auto attn = [&] {
     prefill->run_prefill_new_tokens(q, k.view().narrow(0, 0, total), v.view().narrow(0, 0, total), true, out, lse);
     if (context > 0) prefill->run_prefill_context_chunk(0, q, k.view().narrow(0, 0, kReqs * context),
@@ -412,8 +332,8 @@ std::vector<Row> bench_prefill(int heads, int context, const Ceilings& ceil, cub
   if (s_bytes < (size_t{20} << 30) && cudaMalloc(&kd, size_t{2} * kv_len * heads * (kP + kR)) == cudaSuccess &&
       cudaMalloc(&vd, size_t{2} * kv_len * heads * kV) == cudaSuccess && cudaMalloc(&sc, s_bytes) == cudaSuccess &&
       cudaMalloc(&pb, s_bytes / 2) == cudaSuccess) {
-    fill(kd, static_cast<size_t>(kv_len) * heads * (kP + kR), 28);
-    fill(vd, static_cast<size_t>(kv_len) * heads * kV, 29);
+    fill(kd, static_cast<size_t>(kv_len) * heads * (kP + kR), DType::bf16, 28);
+    fill(vd, static_cast<size_t>(kv_len) * heads * kV, DType::bf16, 29);
     const float one = 1.f, zero = 0.f;
     const int dq = kP + kR;
     auto peer = [&] {
@@ -472,14 +392,14 @@ int main(int argc, char** argv) {
     cublasHandle_t h;
     BENCH_CUBLAS(cublasCreate(&h));
     cublasSetStream(h, static_cast<cudaStream_t>(current_cuda_stream()));
-    const Ceilings ceil = measure_ceilings(h);
+    const Ceilings ceil = measure_ceilings();
     std::printf("device %s, %d SMs; copy %.2f TB/s (read + write), cuBLAS bf16 %.0f TFLOP/s\n", prop.name,
                 prop.multiProcessorCount, ceil.copy_tbps, ceil.gemm_tflops);
     // One cache pool for every decode case (largest: 128 x 16k x 1152 B = 2.4 GB; 3 GB pool).
     const size_t pool_bytes = size_t{3} << 30;
     void* pool = nullptr;
     BENCH_CUDA(cudaMalloc(&pool, pool_bytes));
-    fill(pool, pool_bytes / 2, 5);
+    fill(pool, pool_bytes / 2, DType::bf16, 5);
     std::vector<Row> rows;
     for (const int heads : {16, 128}) {
       for (const int batch : {1, 32, 128}) {
