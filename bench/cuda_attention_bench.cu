@@ -10,6 +10,9 @@
 //   KV bytes   = sum_r seq_len_r * Hkv * (D + Dv) * sizeof(kv)   (each byte once per group)
 //   FLOPs      = 4 * D * Hq * sum over query rows of visible keys (causal counted exactly)
 //   floor      = max(bytes / copy bandwidth, FLOPs / GEMM rate)
+// Kernel variants (src/backends/cuda/attention_kernel_choice.h): --kernels auto,mma,... times each
+// selected case once per listed variant, in alternation, --passes times (same-run comparisons of
+// old and new paths); the JSON rows then carry "kernel" and "pass".
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -28,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "../src/backends/cuda/attention_kernel_choice.h"
 #include "../src/backends/cuda/cuda_backend.h"
 #include "pagedattn/pagedattn.h"
 #include "cuda_bench_common.cuh"
@@ -263,8 +267,8 @@ std::vector<BenchCase> make_grid(bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path, only, only_kv;
-  int only_head_size = 0, block_size = 0;
+  std::string out_path, only, only_kv, kernels_arg;
+  int only_head_size = 0, block_size = 0, passes = 1;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -280,11 +284,37 @@ int main(int argc, char** argv) {
       only_head_size = std::atoi(argv[++i]);
     } else if (a == "--block-size" && i + 1 < argc) {
       block_size = std::atoi(argv[++i]);
+    } else if (a == "--kernels" && i + 1 < argc) {
+      kernels_arg = argv[++i];
+    } else if (a == "--passes" && i + 1 < argc) {
+      passes = std::max(1, std::atoi(argv[++i]));
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--out FILE.json] [--only NAME_SUBSTRING] [--kv auto|fp8_e4m3] "
-                   "[--head-size D] [--block-size N]\n",
+                   "usage: %s [--quick] [--out FILE.json] [--only [=]NAME_SUBSTRING[|[=]NAME_SUBSTRING...]] "
+                   "[--kv auto|fp8_e4m3] [--head-size D] [--block-size N] [--kernels auto,mma] "
+                   "[--passes N]\n",
                    argv[0]);
+      return 2;
+    }
+  }
+  // Kernel variants to alternate (empty: the environment's choice, one row per case).
+  std::vector<std::pair<std::string, cuda::AttentionKernelChoice>> kernels;
+  for (size_t pos = 0; !kernels_arg.empty() && pos <= kernels_arg.size();) {
+    const size_t end = std::min(kernels_arg.find(',', pos), kernels_arg.size());
+    const std::string k = kernels_arg.substr(pos, end - pos);
+    pos = end + 1;
+    const std::pair<const char*, cuda::AttentionKernelChoice> known[] = {
+        {"auto", cuda::AttentionKernelChoice::automatic},
+        {"mma", cuda::AttentionKernelChoice::mma}};
+    bool found = false;
+    for (const auto& [name, choice] : known) {
+      if (k == name) {
+        kernels.emplace_back(k, choice);
+        found = true;
+      }
+    }
+    if (!found) {
+      std::fprintf(stderr, "cuda_attention_bench: --kernels: unknown variant '%s'\n", k.c_str());
       return 2;
     }
   }
@@ -303,23 +333,45 @@ int main(int argc, char** argv) {
      << ",\n  \"rows\": [\n";
   bool first = true;
   for (BenchCase c : make_grid(quick)) {
-    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+    if (!only.empty()) {  // '|'-separated name substrings ("=NAME": that name exactly)
+      bool match = false;
+      for (size_t pos = 0; pos <= only.size() && !match;) {
+        const size_t end = std::min(only.find('|', pos), only.size());
+        const std::string want = only.substr(pos, end - pos);
+        match = want.starts_with('=') ? c.name == want.substr(1) : c.name.find(want) != std::string::npos;
+        pos = end + 1;
+      }
+      if (!match) continue;
+    }
     if (!only_kv.empty() && c.kv_cache_dtype != only_kv) continue;
     if (only_head_size != 0 && c.head_size != only_head_size) continue;
     if (block_size != 0) c.block_size = block_size;
-    const BenchResult r = run_case(c, ceil);
-    std::fprintf(stderr, "%-8s d%-3d %-9s %-52s %9.4f ms %6.3f TB/s %7.1f TFLOP/s  %5.1f%% of floor\n",
-                 c.grid.c_str(), c.head_size, c.kv_cache_dtype.c_str(), c.name.c_str(), r.ms, r.tbps, r.tflops,
-                 100 * r.fraction_of_floor);
-    js << (first ? "" : ",\n") << "    {\"grid\": \"" << c.grid << "\", \"name\": \"" << c.name
-       << "\", \"head_size\": " << c.head_size << ", \"kv_cache_dtype\": \"" << c.kv_cache_dtype
-       << "\", \"num_heads\": " << c.num_heads << ", \"num_kv_heads\": " << c.num_kv_heads
-       << ", \"block_size\": " << c.block_size << ", \"batch\": " << c.batch.size() << ", \"ms\": " << r.ms
-       << ", \"kv_bytes\": " << r.kv_bytes << ", \"flops\": " << r.flops << ", \"tbps\": " << r.tbps
-       << ", \"tflops\": " << r.tflops << ", \"floor_ms\": " << r.floor_ms
-       << ", \"fraction_of_floor\": " << r.fraction_of_floor << ", \"rotations\": " << r.rotations << "}";
-    first = false;
+    // One row per (pass, variant); without --kernels one row, under the environment's choice.
+    const int num_kernels = std::max<int>(1, static_cast<int>(kernels.size()));
+    const int num_passes = kernels.empty() ? 1 : passes;
+    for (int run = 0; run < num_passes * num_kernels; ++run) {
+      const int pass = run / num_kernels;
+      std::string kernel_name = "env";
+      if (!kernels.empty()) {
+        kernel_name = kernels[run % num_kernels].first;
+        cuda::set_attention_kernel_choice(kernels[run % num_kernels].second);
+      }
+      const BenchResult r = run_case(c, ceil);
+      std::fprintf(stderr, "%-8s d%-3d %-9s %-52s %-18s %9.4f ms %6.3f TB/s %7.1f TFLOP/s  %5.1f%% of floor\n",
+                   c.grid.c_str(), c.head_size, c.kv_cache_dtype.c_str(), c.name.c_str(), kernel_name.c_str(),
+                   r.ms, r.tbps, r.tflops, 100 * r.fraction_of_floor);
+      js << (first ? "" : ",\n") << "    {\"grid\": \"" << c.grid << "\", \"name\": \"" << c.name
+         << "\", \"kernel\": \"" << kernel_name << "\", \"pass\": " << pass << ", \"head_size\": " << c.head_size
+         << ", \"kv_cache_dtype\": \"" << c.kv_cache_dtype << "\", \"num_heads\": " << c.num_heads
+         << ", \"num_kv_heads\": " << c.num_kv_heads << ", \"block_size\": " << c.block_size
+         << ", \"batch\": " << c.batch.size() << ", \"ms\": " << r.ms << ", \"kv_bytes\": " << r.kv_bytes
+         << ", \"flops\": " << r.flops << ", \"tbps\": " << r.tbps << ", \"tflops\": " << r.tflops
+         << ", \"floor_ms\": " << r.floor_ms << ", \"fraction_of_floor\": " << r.fraction_of_floor
+         << ", \"rotations\": " << r.rotations << "}";
+      first = false;
+    }
   }
+  cuda::set_attention_kernel_choice(std::nullopt);
   js << "\n  ]\n}\n";
   if (out_path.empty()) {
     std::cout << js.str();

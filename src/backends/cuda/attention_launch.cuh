@@ -1,40 +1,68 @@
 // Definitions of the per-head-size launch helpers; each paged_attention_d<D>.cu instantiates
 // them for one head size (so the six head sizes compile in parallel).
+//
+// Kernel variants (attention_kernel_choice.h): a launch runs the variant that
+// attention_kernel_choice() and the device select for its (D, cache, head sizes); the builder's
+// occupancy figure (attention_kernel_info) is that of the same selection.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
 
+#include "backends/cuda/attention_kernel_choice.h"
 #include "backends/cuda/kernel_launch.h"
 #include "backends/cuda/paged_attention_kernel.cuh"
 
 namespace pagedattn::cuda {
 
 // Raises the kernel's dynamic shared-memory limit on the current device (once per device).
-template <int D, typename T, bool kFp8>
+template <int D, typename T, bool kFp8, int kVariant>
 void configure_kernel() {
   static std::atomic<uint64_t> configured_devices{0};
   int device = 0;
   cudaGetDevice(&device);
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((configured_devices.load() & bit) != 0) return;
-  cudaFuncSetAttribute(paged_attention_kernel<D, T, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       AttentionTraits<D, T, kFp8>::kSmemBytes);
+  cudaFuncSetAttribute(paged_attention_kernel<D, T, kFp8, kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       KernelVariantTraits<D, T, kFp8, kVariant>::kSmemBytes);
   check_launch("cudaFuncSetAttribute(paged_attention_kernel)");
   configured_devices.fetch_or(bit);
 }
 
+// The variant for head size D and this cache under the current choice; `equal_dims`: the layer's
+// head_size == head_size_v == D (the wgmma path has no narrow-row copies).
+template <int D, bool kFp8>
+int select_kernel_variant(bool equal_dims) {
+  const AttentionKernelChoice choice = attention_kernel_choice();
+  if constexpr (WgmmaPrefillTraits<D>::kSupported && !kFp8) {
+    if (choice != AttentionKernelChoice::mma && equal_dims && wgmma_kernels_available()) return kVariantWgmma;
+  }
+  return kVariantMma;
+}
+
+// Calls f.template operator()<kVariant>() for the runtime variant (only the variants that exist
+// for (D, kFp8) are instantiated).
+template <int D, bool kFp8, class F>
+void with_kernel_variant(int variant, F&& f) {
+  if constexpr (WgmmaPrefillTraits<D>::kSupported && !kFp8) {
+    if (variant == kVariantWgmma) return f.template operator()<kVariantWgmma>();
+  }
+  return f.template operator()<kVariantMma>();
+}
+
 template <int D, typename T, bool kFp8>
 AttentionKernelInfo attention_kernel_info_for() {
-  using Tr = AttentionTraits<D, T, kFp8>;
-  configure_kernel<D, T, kFp8>();
   AttentionKernelInfo info;
-  info.smem_bytes = Tr::kSmemBytes;
-  info.rows_prefill = Tr::kPrefillRows;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_kernel<D, T, kFp8>,
-                                                kThreadsPerCta, Tr::kSmemBytes);
-  check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_kernel)");
+  with_kernel_variant<D, kFp8>(select_kernel_variant<D, kFp8>(true), [&]<int kVariant>() {
+    using V = KernelVariantTraits<D, T, kFp8, kVariant>;
+    configure_kernel<D, T, kFp8, kVariant>();
+    info.smem_bytes = V::kSmemBytes;
+    info.rows_prefill = AttentionTraits<D, T, kFp8>::kPrefillRows;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_kernel<D, T, kFp8, kVariant>,
+                                                  kThreadsPerCta, V::kSmemBytes);
+    check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_kernel)");
+  });
   return info;
 }
 
@@ -50,10 +78,13 @@ AttentionKernelInfo attention_kernel_info_d(DType activation, bool fp8_kv) {
 
 template <int D, typename T, bool kFp8>
 void launch_for(const AttentionKernelParams& params, int grid, cudaStream_t stream) {
-  using Tr = AttentionTraits<D, T, kFp8>;
-  configure_kernel<D, T, kFp8>();
-  paged_attention_kernel<D, T, kFp8><<<grid, kThreadsPerCta, Tr::kSmemBytes, stream>>>(params);
-  check_launch("paged_attention_kernel");
+  const bool equal_dims = params.head_size_qk == D && params.head_size_v == D;
+  with_kernel_variant<D, kFp8>(select_kernel_variant<D, kFp8>(equal_dims), [&]<int kVariant>() {
+    configure_kernel<D, T, kFp8, kVariant>();
+    paged_attention_kernel<D, T, kFp8, kVariant>
+        <<<grid, kThreadsPerCta, KernelVariantTraits<D, T, kFp8, kVariant>::kSmemBytes, stream>>>(params);
+    check_launch("paged_attention_kernel");
+  });
 }
 
 template <int D>

@@ -12,6 +12,14 @@
 //   prefill path  (more rows): 64 or 128 rows (16 or 32 per warp); each warp sees every key.
 // A long key range may be SPLIT over several items (flash-decoding across CTAs); their partial
 // outputs (f32) and LSEs land in the builder's workspace and a COMBINE item merges them.
+// CASCADE (a common prefix of P keys whose pages every request shares): PREFIX items treat the
+// whole batch as one request of num_tokens queries over keys [0, P) (rows = flat_token * G +
+// head_in_group, block-table row 0), writing f32 partials indexed by (kv head, global row);
+// the requests' own items cover [P, seq_len) and always write partials; each combine item merges
+// its suffix states with the prefix states of its rows.
+// head_size_v != head_size: the kernel for D = max(head_size, head_size_v) runs with runtime
+// dims head_size_qk, head_size_v <= D (Q/K/V columns beyond them are zero-filled in shared
+// memory, never read from global memory); outputs and partials have head_size_v columns.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +55,9 @@ struct WorkItem {
   int32_t reserved;
 };
 
-// One group of split items to merge: rows [row_start, row_start + num_rows) of (request,
-// kv head), num_splits partial states at partial_row + split * num_rows + row.
+// One group of partial states to merge: rows [row_start, row_start + num_rows) of (request,
+// kv head), num_splits partial states at partial_row + split * num_rows + row, plus (cascade)
+// prefix_splits prefix states at prefix_row + split * prefix_stride + row. 48 bytes.
 struct CombineItem {
   int32_t query_start;
   int32_t row_start;
@@ -56,7 +65,10 @@ struct CombineItem {
   int32_t kv_head;
   int32_t num_splits;
   int32_t partial_row;
-  int32_t reserved[2];
+  int32_t prefix_splits;    // 0: no cascade prefix
+  int32_t prefix_row;
+  int32_t prefix_stride;
+  int32_t reserved[3];
 };
 
 // Device plan header: counts read by the kernels (so a captured graph replays any plan).
@@ -91,9 +103,12 @@ struct AttentionKernelParams {
   // Plan (builder workspace).
   const PlanHeader* header;
   const WorkItem* items;
-  float* partial_out;          // (partial rows, D) f32
+  float* partial_out;          // (partial rows, head_size_v) f32
   float* partial_lse;          // (partial rows,) f32, natural log
-  // Heads and features.
+  // Heads and features. head_size_qk / head_size_v <= D (the kernel's head size), multiples of
+  // 8 (16 with an fp8 cache); query / key rows have head_size_qk elements, value / output rows
+  // head_size_v.
+  int32_t head_size_qk, head_size_v;
   int32_t num_heads, num_kv_heads, group_size;
   int32_t fp8_format;          // 0: 16-bit KV, 1: e4m3, 2: e5m2
   float scale;                 // softmax scale
@@ -118,7 +133,7 @@ struct CombineKernelParams {
   float* lse;
   int64_t lse_head_stride, lse_token_stride;
   int32_t group_size;
-  int32_t head_size;
+  int32_t head_size;           // head_size_v: columns of the output and of a partial row
 };
 
 }  // namespace pagedattn::cuda

@@ -38,15 +38,32 @@ std::vector<std::string> unsupported_reasons(const SelectorConfig& config) {
   if (config.dtype != DType::f16 && config.dtype != DType::bf16) {
     add("dtype = ", dtype_name(config.dtype), " is not supported: the CUDA kernels take float16 or bfloat16 activations.");
   }
-  if (!attention_head_size_supported(config.head_size)) {
-    add("head_size = ", config.head_size, " is not supported: the CUDA kernels exist for head sizes ", head_size_list(), ".");
-  }
-  if (config.head_size_v != 0 && config.head_size_v != config.head_size) {
-    add("head_size_v = ", config.head_size_v, " differs from head_size = ", config.head_size,
-        ": the CUDA kernels need equal key and value head sizes.");
-  }
   bool known_cache_dtype = false;
   for (const char* s : kKvCacheDtypes) known_cache_dtype = known_cache_dtype || config.kv_cache_dtype == s;
+  if (config.head_size_v == 0 || config.head_size_v == config.head_size) {
+    if (!attention_head_size_supported(config.head_size)) {
+      add("head_size = ", config.head_size, " is not supported: the CUDA kernels exist for head sizes ",
+          head_size_list(), ".");
+    }
+  } else {
+    // The kernel for D = max(head_size, head_size_v) runs with the narrower dim zero-padded on chip;
+    // rows move in 16-byte chunks (8 16-bit elements, 16 fp8 ones).
+    const int kernel = std::max(config.head_size, config.head_size_v);
+    const bool fp8_cache = config.kv_cache_dtype.rfind("fp8", 0) == 0;
+    const int multiple = fp8_cache ? 16 : 8;
+    if (config.head_size <= 0 || config.head_size_v < 0) {
+      add("head_size = ", config.head_size, " with head_size_v = ", config.head_size_v,
+          " is not supported: expected a positive head_size and head_size_v = 0 (= head_size) or positive.");
+    } else if (!attention_head_size_supported(kernel)) {
+      add("head_size = ", config.head_size, " with head_size_v = ", config.head_size_v,
+          " is not supported: the CUDA kernels run max(head_size, head_size_v) = ", kernel,
+          " and exist for head sizes ", head_size_list(), ".");
+    } else if (config.head_size % multiple != 0 || config.head_size_v % multiple != 0) {
+      add("head_size = ", config.head_size, " with head_size_v = ", config.head_size_v,
+          " is not supported: with unequal sizes both must be multiples of ", multiple,
+          fp8_cache ? " (an fp8 KV cache moves 16-element chunks)." : " (rows move in 16-byte chunks).");
+    }
+  }
   if (!known_cache_dtype) {
     add("kv_cache_dtype = \"", config.kv_cache_dtype,
         "\" is not supported: the CUDA backend accepts auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16.");
@@ -103,7 +120,8 @@ class CudaBackend final : public AttentionBackend {
     caps.head_sizes.assign(std::begin(kSupportedHeadSizes), std::end(kSupportedHeadSizes));
     caps.attn_types = {AttentionType::decoder, AttentionType::encoder, AttentionType::encoder_only,
                        AttentionType::encoder_decoder};
-    caps.features = {"alibi", "sliding_window", "soft_cap", "sinks", "lse", "split_kv", "cudagraph"};
+    caps.features = {"alibi", "sliding_window", "soft_cap", "sinks", "lse", "split_kv", "cudagraph",
+                     "cascade", "head_size_v"};
     return caps;
   }
 };

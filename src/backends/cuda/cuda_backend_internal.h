@@ -5,6 +5,15 @@
 // CTA count:
 //   [PlanHeader][WorkItem x max_items][CombineItem x max_combine][block table copy]
 //   [slot_mapping copy][partial out f32 (rows, Dv)][partial LSE f32 (rows,)]
+// Partial rows: 2 * resident CTAs * 64 for split-KV, plus 2 * C * num_heads when the group can
+// take the cascade path (decoder, no window, no ALiBi): the prefix states and the requests'
+// states of a cascade batch, C = min(max_num_batched_tokens, kCascadeMaxTokens) tokens (33 MB at
+// 32 heads, Dv 128). A batch of more tokens attends the prefix in one pass (use_cascade false).
+// Cascade: build(common_prefix_len > 0) on a causal decoder batch plans the prefix / suffix
+// split (planner.h) after checking common_prefix_len (a multiple of block_size, <= every
+// request's computed tokens); that the prefix pages are shared is the caller's promise (the
+// block table lives on the device and is not read back): the prefix is read through request 0's
+// block-table row. build_for_cudagraph_capture never plans cascade.
 // build() writes the plan (async host->device copy of pageable memory: returns once staged, no
 // sync), copies the block table and slot mapping device->device into the workspace and pads the
 // slot copy with -1. forward() only launches kernels that read the workspace, so a CUDA graph
@@ -40,6 +49,7 @@ struct CudaAttentionMetadata final : AttentionMetadata {
   bool causal = true;
   int block_size = 0;
   int head_size = 0;
+  int head_size_v = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
   std::optional<int> sliding_window;   // the window the key ranges were planned with
@@ -73,18 +83,23 @@ class CudaMetadataBuilder final : public AttentionMetadataBuilder {
       const CommonAttentionMetadata& common) override;
   bool can_run_in_cudagraph(const CommonAttentionMetadata& common) const override;
   CudaGraphSupport cudagraph_support() const override { return CudaGraphSupport::always; }
+  bool supports_cascade() const override { return cascade_possible_; }
   size_t workspace_bytes() const override { return workspace_.nbytes(); }
 
   const PlannerConfig& planner_config() const { return planner_; }
 
  private:
   std::shared_ptr<CudaAttentionMetadata> build_plan(const CommonAttentionMetadata& common,
-                                                    bool for_cudagraph);
+                                                    bool for_cudagraph, int common_prefix_len);
+  // The prefix length the plan uses (0 = no cascade); throws Error for an invalid one.
+  int cascade_prefix(int common_prefix_len, const CommonAttentionMetadata& common, bool causal) const;
   // Empty when the batch fits the workspace; else the reason.
   std::string capacity_problem(const CommonAttentionMetadata& common) const;
 
   BuilderConfig config_;
   PlannerConfig planner_;
+  bool cascade_possible_ = false;  // decoder, no sliding window, no ALiBi
+  int cascade_max_tokens_ = 0;     // the largest batch (tokens) planned as cascade
   int resident_ctas_ = 0;
   int max_block_table_cols_ = 0;
   int64_t max_slots_ = 0;

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <span>
 
@@ -34,12 +35,18 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
     : AttentionMetadataBuilder(std::move(spec)), config_(std::move(config)) {
   PAGEDATTN_CHECK(device == Device::cuda, "device", "CUDA builder: device = ", device_name(device),
                   ", expected cuda");
-  if (config_.head_size == 0) config_.head_size = spec_.head_size;
+  if (config_.head_size == 0) {
+    config_.head_size = spec_.head_size;
+    if (config_.head_size_v == 0) config_.head_size_v = spec_.value_head_size();
+  }
+  if (config_.head_size_v == 0) config_.head_size_v = config_.head_size;
   if (config_.num_kv_heads == 0) config_.num_kv_heads = spec_.num_kv_heads;
   if (config_.num_heads == 0) config_.num_heads = config_.num_kv_heads;
-  PAGEDATTN_CHECK(attention_head_size_supported(config_.head_size), "head_size",
-                  "CUDA builder: head_size = ", config_.head_size,
-                  " has no CUDA kernel: expected one of 64, 80, 96, 128, 192, 256");
+  const int kernel_head_size = std::max(config_.head_size, config_.head_size_v);
+  PAGEDATTN_CHECK(attention_head_size_supported(kernel_head_size), "head_size",
+                  "CUDA builder: head_size = ", config_.head_size, ", head_size_v = ", config_.head_size_v,
+                  ": the kernel for max(head_size, head_size_v) = ", kernel_head_size,
+                  " does not exist: expected one of 64, 80, 96, 128, 192, 256");
   PAGEDATTN_CHECK(config_.num_kv_heads > 0 && config_.num_heads % config_.num_kv_heads == 0,
                   "num_kv_heads", "CUDA builder: num_heads = ", config_.num_heads, " and num_kv_heads = ",
                   config_.num_kv_heads, ": expected num_heads to be a positive multiple of num_kv_heads");
@@ -47,9 +54,9 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
                   "config", "CUDA builder: max_num_seqs = ", config_.max_num_seqs,
                   ", max_num_batched_tokens = ", config_.max_num_batched_tokens, ", max_model_len = ",
                   config_.max_model_len, ": all must be > 0");
-  const int head_size_v = config_.head_size_v > 0 ? config_.head_size_v : config_.head_size;
+  const int head_size_v = config_.head_size_v;
 
-  const AttentionKernelInfo info = attention_kernel_info(config_.head_size, DType::bf16, is_fp8(spec_.dtype));
+  const AttentionKernelInfo info = attention_kernel_info(kernel_head_size, DType::bf16, is_fp8(spec_.dtype));
   const int sms = config_.num_sms > 0 ? config_.num_sms : current_device_sm_count();
   resident_ctas_ = std::max(1, info.ctas_per_sm) * sms;
 
@@ -59,11 +66,25 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   planner_.resident_ctas = resident_ctas_;
   planner_.positional = config_.attn_type != AttentionType::encoder_decoder;
   planner_.sliding_window = config_.sliding_window;
-  planner_.partial_rows_capacity = 2 * resident_ctas_ * 64;
-  planner_.max_combine_items = resident_ctas_;
-  planner_.max_work_items = static_cast<int>(
-      max_unsplit_work_items(planner_, config_.max_num_seqs, config_.max_num_batched_tokens) +
-      3 * static_cast<int64_t>(resident_ctas_));
+  // Cascade needs room for two states per query row (prefix + suffix), one combine item per
+  // request item and the prefix items.
+  cascade_possible_ = config_.attn_type == AttentionType::decoder && !config_.sliding_window && !config_.use_alibi;
+  const int64_t max_unsplit = max_unsplit_work_items(planner_, config_.max_num_seqs, config_.max_num_batched_tokens);
+  cascade_max_tokens_ = std::min(config_.max_num_batched_tokens, kCascadeMaxTokens);
+  const int64_t cascade_rows =
+      cascade_possible_ ? 2 * static_cast<int64_t>(cascade_max_tokens_) * config_.num_heads : 0;
+  const int64_t partial_rows = 2 * static_cast<int64_t>(resident_ctas_) * 64 + cascade_rows;
+  const int64_t max_items =
+      max_unsplit + 3 * static_cast<int64_t>(resident_ctas_) +
+      (cascade_possible_ ? max_prefix_work_items(planner_, cascade_max_tokens_) : 0);
+  const int64_t max_combine = resident_ctas_ + (cascade_possible_ ? max_unsplit : 0);
+  PAGEDATTN_CHECK(partial_rows <= INT32_MAX && max_items <= INT32_MAX, "config",
+                  "CUDA builder: max_num_seqs = ", config_.max_num_seqs, ", max_num_batched_tokens = ",
+                  config_.max_num_batched_tokens, " with num_heads = ", config_.num_heads,
+                  " need a plan larger than 2^31 rows or items: lower them");
+  planner_.partial_rows_capacity = static_cast<int>(partial_rows);
+  planner_.max_combine_items = static_cast<int>(max_combine);
+  planner_.max_work_items = static_cast<int>(max_items);
   planner_.max_splits = 256;
 
   max_block_table_cols_ = uses_kv_cache(config_.attn_type)
@@ -120,17 +141,36 @@ bool CudaMetadataBuilder::can_run_in_cudagraph(const CommonAttentionMetadata& co
 std::shared_ptr<const AttentionMetadata> CudaMetadataBuilder::build(int common_prefix_len,
                                                                     const CommonAttentionMetadata& common,
                                                                     bool /*fast_build*/) {
-  (void)common_prefix_len;  // no cascade path (supports_cascade() == false): one pass over every key
-  return build_plan(common, false);
+  return build_plan(common, false, common_prefix_len);
 }
 
 std::shared_ptr<const AttentionMetadata> CudaMetadataBuilder::build_for_cudagraph_capture(
     const CommonAttentionMetadata& common) {
-  return build_plan(common, true);
+  return build_plan(common, true, 0);  // never cascade for a capture
+}
+
+int CudaMetadataBuilder::cascade_prefix(int common_prefix_len, const CommonAttentionMetadata& common,
+                                        bool causal) const {
+  // As the REFERENCE: only causal decoder batches without window / ALiBi take the cascade path;
+  // otherwise the prefix is attended like any other key (one pass).
+  if (common_prefix_len <= 0 || !cascade_possible_ || !causal || common.num_reqs == 0) return 0;
+  // A batch of more tokens than the cascade states were sized for attends the prefix in one pass
+  // (same result; cascade pays off for decode-heavy batches, which are small in tokens).
+  if (common.num_actual_tokens > cascade_max_tokens_) return 0;
+  PAGEDATTN_CHECK(common_prefix_len % spec_.block_size == 0, "common_prefix_len",
+                  "CUDA builder: common_prefix_len = ", common_prefix_len, " must be a multiple of block_size = ",
+                  spec_.block_size);
+  for (int r = 0; r < common.num_reqs; ++r) {
+    const int computed = common.seq_len(r) - common.query_len(r);
+    PAGEDATTN_CHECK(common_prefix_len <= computed, "common_prefix_len", "CUDA builder: common_prefix_len = ",
+                    common_prefix_len, " exceeds num_computed_tokens = ", computed, " of request ", r,
+                    ": the common prefix must be cached for every request");
+  }
+  return common_prefix_len;
 }
 
 std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const CommonAttentionMetadata& common,
-                                                                       bool for_cudagraph) {
+                                                                       bool for_cudagraph, int common_prefix_len) {
   common.validate();
   const std::string problem = capacity_problem(common);
   PAGEDATTN_CHECK(problem.empty(), "metadata", "CUDA builder: ", problem,
@@ -156,10 +196,8 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   }
   PlannerConfig planner = planner_;
   planner.causal = config_.attn_type == AttentionType::decoder && common.causal;
-  const AttentionPlan plan = make_attention_plan(planner, query_start_loc, seq_lens);
-  PAGEDATTN_CHECK(static_cast<int>(plan.combine.size()) <= planner_.max_combine_items, "metadata",
-                  "CUDA builder: the plan needs ", plan.combine.size(), " combine groups but the workspace holds ",
-                  planner_.max_combine_items);
+  const int prefix = cascade_prefix(common_prefix_len, common, planner.causal);
+  const AttentionPlan plan = make_attention_plan(planner, query_start_loc, seq_lens, prefix);
 
   // Host image of header + items + combine items; two async copies (no sync: pageable memory
   // is staged before cudaMemcpyAsync returns).
@@ -214,13 +252,14 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   auto md = std::make_shared<CudaAttentionMetadata>();
   md->num_actual_tokens = common.num_actual_tokens;
   md->num_reqs = common.num_reqs;
-  md->use_cascade = false;
-  md->common_prefix_len = 0;
+  md->use_cascade = plan.cascade_prefix > 0;
+  md->common_prefix_len = plan.cascade_prefix;
   md->slot_mapping = TensorView(slots, DType::i64, Shape{num_slots}, Device::cuda, workspace_.view().device_index());
   md->attn_type = config_.attn_type;
   md->causal = planner.causal;
   md->block_size = spec_.block_size;
   md->head_size = config_.head_size;
+  md->head_size_v = config_.head_size_v;
   md->num_heads = config_.num_heads;
   md->num_kv_heads = config_.num_kv_heads;
   md->sliding_window = config_.sliding_window;

@@ -1,7 +1,8 @@
 // The CUDA backend's AttentionImpl: argument checks on the host (shapes, dtypes, devices,
 // strides, alignment — never device contents), then the launches: reshape_and_cache (through
-// the public op, which checks every argument first), the paged attention kernel, and the split
-// combine when the plan has splits. forward allocates nothing and never synchronizes.
+// the public op, which checks every argument first), the paged attention kernel, and the
+// combine when the plan has splits or a cascade prefix. forward allocates nothing and never
+// synchronizes.
 #if PAGEDATTN_HAS_CUDA
 
 #include <cuda_runtime.h>
@@ -97,11 +98,15 @@ const CudaAttentionMetadata& CudaAttentionImpl::checked_metadata(const Attention
   PAGEDATTN_CHECK(md->attn_type == params_.attn_type, "metadata", "CUDA ", entry,
                   ": metadata was built for attn_type = ", attention_type_name(md->attn_type),
                   " but this layer has attn_type = ", attention_type_name(params_.attn_type));
-  PAGEDATTN_CHECK(md->head_size == params_.head_size && md->num_heads == params_.num_heads &&
-                      md->num_kv_heads == params_.kv_heads(),
+  PAGEDATTN_CHECK(md->head_size == params_.head_size && md->head_size_v == params_.value_head_size() &&
+                      md->num_heads == params_.num_heads && md->num_kv_heads == params_.kv_heads(),
                   "metadata", "CUDA ", entry, ": metadata was built for num_heads = ", md->num_heads,
-                  ", num_kv_heads = ", md->num_kv_heads, ", head_size = ", md->head_size,
-                  " but this layer has ", params_.num_heads, ", ", params_.kv_heads(), ", ", params_.head_size);
+                  ", num_kv_heads = ", md->num_kv_heads, ", head_size = ", md->head_size, ", head_size_v = ",
+                  md->head_size_v, " but this layer has ", params_.num_heads, ", ", params_.kv_heads(), ", ",
+                  params_.head_size, ", ", params_.value_head_size());
+  PAGEDATTN_CHECK(!md->use_cascade || params_.alibi_slopes.empty(), "metadata", "CUDA ", entry,
+                  ": metadata was planned with a cascade prefix but this layer uses ALiBi "
+                  "(BuilderConfig::use_alibi must match the group's layers)");
   PAGEDATTN_CHECK(md->sliding_window == params_.sliding_window, "metadata", "CUDA ", entry,
                   ": metadata was planned with sliding_window = ", md->sliding_window.value_or(0),
                   " but this layer has sliding_window = ", params_.sliding_window.value_or(0),
@@ -137,6 +142,7 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
   const int num_heads = params_.num_heads;
   const int num_kv_heads = params_.kv_heads();
   const int head_size = params_.head_size;
+  const int head_size_v = params_.value_head_size();
   const int64_t num_tokens = md.num_actual_tokens;
   const bool cached = uses_kv_cache(params_.attn_type);
 
@@ -146,7 +152,7 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
                   "quantization (fused_output_quant_supported() == false)");
   check_tensor(query, "query", params_.dtype, Shape{num_tokens, num_heads, head_size}, 1);
   check_vector_rows(query, "query", 2);
-  check_tensor(output, "output", params_.dtype, Shape{num_tokens, num_heads, head_size}, 1);
+  check_tensor(output, "output", params_.dtype, Shape{num_tokens, num_heads, head_size_v}, 1);
   check_vector_rows(output, "output", 2);
   if (output_lse.defined()) {
     check_defined(output_lse, "output_lse");
@@ -183,10 +189,10 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
   if (cached) {
     check_defined(kv_cache, "kv_cache");
     check_tensor(kv_cache, "kv_cache", cache_dtype_,
-                 Shape{2, 0, md.block_size, num_kv_heads, std::max(head_size, params_.value_head_size())}, 2);
+                 Shape{2, 0, md.block_size, num_kv_heads, std::max(head_size, head_size_v)}, 2);
     PAGEDATTN_CHECK(kv_cache.size(0) == 2, "kv_cache", "CUDA forward: kv_cache has shape ", kv_cache.shape().str(),
                     ": expected 2 in dim 0 (keys, values)");
-    views = split_kv_cache(kv_cache, head_size, params_.value_head_size());
+    views = split_kv_cache(kv_cache, head_size, head_size_v);
     check_vector_rows(views.key_cache, "kv_cache", 3);
     check_vector_rows(views.value_cache, "kv_cache", 3);
     p.key = views.key_cache.data();
@@ -201,7 +207,7 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
     p.num_blocks = views.key_cache.size(0);
   } else {
     check_tensor(key, "key", params_.dtype, Shape{num_tokens, num_kv_heads, head_size}, 1);
-    check_tensor(value, "value", params_.dtype, Shape{num_tokens, num_kv_heads, params_.value_head_size()}, 1);
+    check_tensor(value, "value", params_.dtype, Shape{num_tokens, num_kv_heads, head_size_v}, 1);
     check_vector_rows(key, "key", 2);
     check_vector_rows(value, "value", 2);
     p.key = key.data();
@@ -237,6 +243,8 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
   p.items = md.items;
   p.partial_out = md.partial_out;
   p.partial_lse = md.partial_lse;
+  p.head_size_qk = head_size;
+  p.head_size_v = head_size_v;
   p.num_heads = num_heads;
   p.num_kv_heads = num_kv_heads;
   p.group_size = num_heads / num_kv_heads;
@@ -266,7 +274,8 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
   const bool graph_safe = md.for_cudagraph || status != cudaStreamCaptureStatusNone;
   // Graph-safe launches do not depend on the plan's counts: the kernels read them on the device.
   const int grid = graph_safe ? md.resident_ctas : md.attention_grid;
-  launch_paged_attention(p, head_size, params_.dtype, fp8 && cached, grid, stream);
+  // One kernel for D = max(head_size, head_size_v); the narrower dim is zero-padded on chip.
+  launch_paged_attention(p, std::max(head_size, head_size_v), params_.dtype, fp8 && cached, grid, stream);
   if (graph_safe || md.num_combine_items > 0) {
     CombineKernelParams c{};
     c.header = md.header;
@@ -280,7 +289,7 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
     c.lse_head_stride = p.lse_head_stride;
     c.lse_token_stride = p.lse_token_stride;
     c.group_size = p.group_size;
-    c.head_size = params_.value_head_size();
+    c.head_size = head_size_v;
     const int combine_grid = graph_safe ? md.combine_grid_capacity : md.num_combine_items;
     launch_combine_splits(c, params_.dtype, combine_grid, stream);
   }

@@ -1,5 +1,7 @@
 // LSE merges on the GPU:
-//   combine_splits_kernel  N-way merge of split-KV partials (flash-decoding) into the output;
+//   combine_splits_kernel  N-way merge of partial states into the output: the split-KV partials
+//                          (flash-decoding) of a row group plus, under cascade, its rows' prefix
+//                          states (attention_plan.h CombineItem);
 //   merge_attn_states_kernel  the two-way op of ops.h (cuda_merge_attn_states).
 //
 // Both compute, per (token, head) row with partial states (o_i, lse_i) (natural log):
@@ -27,6 +29,7 @@ namespace pagedattn::cuda {
 namespace {
 
 constexpr int kMaxSplits = 256;  // the builder never plans more splits per row group
+constexpr int kMaxStates = 2 * kMaxSplits;  // request splits + prefix splits
 
 template <typename T>
 __device__ __forceinline__ float to_f32(T x) {
@@ -49,24 +52,30 @@ __device__ __forceinline__ T from_f32(float x) {
 
 template <typename T>
 __global__ void __launch_bounds__(128) combine_splits_kernel(const CombineKernelParams p) {
-  __shared__ float weights[4][kMaxSplits];
+  __shared__ float weights[4][kMaxStates];
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int num_items = p.header->num_combine_items;
   for (int i = blockIdx.x; i < num_items; i += gridDim.x) {
     const CombineItem it = p.items[i];
+    const int num_states = it.num_splits + it.prefix_splits;
     for (int r = warp; r < it.num_rows; r += 4) {
-      // (partial rows of row r: it.partial_row + s * it.num_rows + r)
+      // Partial row of state s of row r: split s at it.partial_row + s * it.num_rows + r, then
+      // prefix split s' = s - num_splits at it.prefix_row + s' * it.prefix_stride + r.
+      const auto state_row = [&](int s) -> int64_t {
+        return s < it.num_splits
+                   ? static_cast<int64_t>(it.partial_row) + static_cast<int64_t>(s) * it.num_rows + r
+                   : static_cast<int64_t>(it.prefix_row) +
+                         static_cast<int64_t>(s - it.num_splits) * it.prefix_stride + r;
+      };
       float mx = neg_inf();
-      for (int s = lane; s < it.num_splits; s += 32) {
-        mx = fmaxf(mx, p.partial_lse[it.partial_row + s * it.num_rows + r]);
-      }
+      for (int s = lane; s < num_states; s += 32) mx = fmaxf(mx, p.partial_lse[state_row(s)]);
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       const float base = mx == neg_inf() ? 0.f : mx;
       float sum = 0.f;
-      for (int s = lane; s < it.num_splits; s += 32) {
-        const float w = expf(p.partial_lse[it.partial_row + s * it.num_rows + r] - base);
+      for (int s = lane; s < num_states; s += 32) {
+        const float w = expf(p.partial_lse[state_row(s)] - base);
         weights[warp][s] = w;
         sum += w;
       }
@@ -80,10 +89,9 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const CombineKernel
       T* out = static_cast<T*>(p.output) + token * p.o_token_stride + head * p.o_head_stride;
       for (int c = lane * 4; c < p.head_size; c += 128) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s = 0; s < it.num_splits; ++s) {
+        for (int s = 0; s < num_states; ++s) {
           const float w = weights[warp][s];
-          const float4 v = *reinterpret_cast<const float4*>(
-              p.partial_out + static_cast<int64_t>(it.partial_row + s * it.num_rows + r) * p.head_size + c);
+          const float4 v = *reinterpret_cast<const float4*>(p.partial_out + state_row(s) * p.head_size + c);
           acc.x += w * v.x;
           acc.y += w * v.y;
           acc.z += w * v.z;

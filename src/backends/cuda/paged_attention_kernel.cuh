@@ -7,8 +7,12 @@
 // visible key n of [kv_start, kv_end) (p - window_left <= n <= p + window_right):
 //     s = scale * k_scale * (q . k_n); s = c*tanh(s/c) (soft-cap); s -= slope_h*|p - n| (ALiBi)
 //     o = sum_n e^{s - m} v_n * v_scale / (e^{sink - m} + sum_n e^{s - m});  LSE = m + log(...)
-// written to the output (and output_lse) or, for one split of a long key range, as an f32
-// partial (o, LSE) that the combine kernel merges.
+// written to the output (and output_lse) or, for one split of a long key range or one side of a
+// cascade (shared prefix / own keys), as an f32 partial (o, LSE) that the combine kernel merges.
+// head_size_v != head_size: this kernel's D is the larger; Q/K columns past head_size_qk and V
+// columns past head_size_v are zero-filled in shared memory (never read from global memory; the
+// extra MMA columns add zeros), outputs and partials get head_size_v columns. Equal sizes take
+// unpredicated copies (a launch-uniform branch).
 //
 // Tiling: a CTA of 4 warps runs items in a persistent loop (grid <= resident CTAs; graph
 // capturable: the counts are read from device memory). Keys stream through shared memory in
@@ -25,6 +29,11 @@
 // the current tile, so kStages tiles are in flight while a CTA waits (decode is latency-bound:
 // bytes in flight per SM set the bandwidth).
 //   prefill path (64 / 128 rows): warp w owns rows [16*MT*w, 16*MT*(w+1)); 2-stage pipeline.
+// Variants (template argument kVariant, attention_kernel_choice.h; chosen per launch on the
+// host, each computes every plan): kVariantMma carries the mma.sync prefill path above;
+// kVariantWgmma (16-bit caches, D = 64 / 128 / 256, sm_90a) the Hopper wgmma prefill path of
+// paged_prefill_wgmma.cuh instead (the default there; PAGEDATTN_CUDA_PREFILL_KERNEL=mma forces
+// mma.sync).
 // fp8 caches: raw fp8 tiles are staged, then converted (exactly) to the activation type in
 // shared memory before the MMAs; k_scale is folded into the logit scale, v_scale applied to o.
 //
@@ -255,11 +264,12 @@ __device__ __forceinline__ void fetch_blocks(const AttentionKernelParams& p, con
 }
 
 // Issues the copies of K and V tile `tile` into a stage. 16-bit: rows of kRowStride elements;
-// fp8: raw rows of D bytes (converted later).
-template <class Tr, bool kFp8>
-__device__ __forceinline__ void load_kv_tile(const AttentionKernelParams& p, const ItemContext& ctx, int tile,
-                                             const int (&blocks)[TileCopy<Tr, kFp8>::kRowsPerThread],
-                                             char* stage) {
+// fp8: raw rows of D bytes (converted later). kNarrow (head_size_qk or head_size_v < D): the
+// chunks past a row's k_chunks / v_chunks are zero-filled (no global read).
+template <class Tr, bool kFp8, bool kNarrow>
+__device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p, const ItemContext& ctx,
+                                                  int tile, const int (&blocks)[TileCopy<Tr, kFp8>::kRowsPerThread],
+                                                  char* stage, int k_chunks, int v_chunks) {
   using C = TileCopy<Tr, kFp8>;
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   constexpr int kRowBytes = kFp8 ? Tr::kRawTileBytes / kKeysPerTile : Tr::kRowStride * 2;
@@ -279,13 +289,29 @@ __device__ __forceinline__ void load_kv_tile(const AttentionKernelParams& p, con
 #pragma unroll
     for (int k = 0; k < C::kChunksPerThread; ++k) {
       const int c = lane_chunk + k * C::kThreadsPerRow;
-      cp_async_16(k_dst + c * 16, k_src + c * 16, valid);
+      cp_async_16(k_dst + c * 16, k_src + c * 16, kNarrow ? valid && c < k_chunks : valid);
     }
 #pragma unroll
     for (int k = 0; k < C::kChunksPerThread; ++k) {
       const int c = lane_chunk + k * C::kThreadsPerRow;
-      cp_async_16(v_dst + c * 16, v_src + c * 16, valid);
+      cp_async_16(v_dst + c * 16, v_src + c * 16, kNarrow ? valid && c < v_chunks : valid);
     }
+  }
+}
+
+// Equal head sizes (head_size_qk == head_size_v == D) take the unpredicated copies: the branch
+// is uniform over the launch.
+template <class Tr, bool kFp8>
+__device__ __forceinline__ void load_kv_tile(const AttentionKernelParams& p, const ItemContext& ctx, int tile,
+                                             const int (&blocks)[TileCopy<Tr, kFp8>::kRowsPerThread],
+                                             char* stage) {
+  constexpr int kD = Tr::kDTiles * 8;
+  if (p.head_size_qk == kD && p.head_size_v == kD) {
+    load_kv_tile_rows<Tr, kFp8, false>(p, ctx, tile, blocks, stage, 0, 0);
+  } else {
+    constexpr int kElemsPerChunk = kFp8 ? 16 : 8;
+    load_kv_tile_rows<Tr, kFp8, true>(p, ctx, tile, blocks, stage, p.head_size_qk / kElemsPerChunk,
+                                      p.head_size_v / kElemsPerChunk);
   }
 }
 
@@ -309,14 +335,16 @@ __device__ __forceinline__ void convert_kv_tile(const char* raw, char* converted
   }
 }
 
-// Copies `rows` packed query rows into shared memory (zero rows past the item).
+// Copies `rows` packed query rows into shared memory (zero rows past the item, zero columns
+// past head_size_qk).
 template <class Tr, typename T>
 __device__ __forceinline__ void load_q_tile(const AttentionKernelParams& p, const ItemContext& ctx,
                                             int rows, T* q_smem) {
+  const int q_chunks = p.head_size_qk / 8;
   for (int idx = threadIdx.x; idx < rows * Tr::kChunks; idx += kThreadsPerCta) {
     const int row = idx / Tr::kChunks;
     const int c = idx - row * Tr::kChunks;
-    const bool valid = row < ctx.item.num_rows;
+    const bool valid = row < ctx.item.num_rows && c < q_chunks;
     const T* src = static_cast<const T*>(p.query);
     if (valid) {
       src += row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride + c * 8;
@@ -521,7 +549,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     const bool split = ctx.item.partial_row >= 0;
     const int token = row_token(ctx, r);
     const int head = row_head(ctx, r);
-    for (int c = threadIdx.x & 7; c < D / 8; c += 8) {
+    for (int c = threadIdx.x & 7; c < p.head_size_v / 8; c += 8) {
       float acc[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] = 0.f;
@@ -536,7 +564,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
         acc[6] += weight[w] * b.z; acc[7] += weight[w] * b.w;
       }
       if (split) {
-        float* dst = p.partial_out + static_cast<int64_t>(ctx.item.partial_row + r) * D + c * 8;
+        float* dst = p.partial_out + static_cast<int64_t>(ctx.item.partial_row + r) * p.head_size_v + c * 8;
         *reinterpret_cast<float4*>(dst) =
             make_float4(acc[0] * out_scale, acc[1] * out_scale, acc[2] * out_scale, acc[3] * out_scale);
         *reinterpret_cast<float4*>(dst + 4) =
@@ -720,11 +748,14 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
       const bool live = r < ctx.item.num_rows;
       if (split) {
         if (live) {
-          float* dst = p.partial_out + static_cast<int64_t>(ctx.item.partial_row + r) * D + 2 * quad_col;
+          float* dst =
+              p.partial_out + static_cast<int64_t>(ctx.item.partial_row + r) * p.head_size_v + 2 * quad_col;
 #pragma unroll
           for (int d = 0; d < Tr::kDTiles; ++d) {
-            *reinterpret_cast<float2*>(dst + d * 8) =
-                make_float2(o[mt][d][2 * h] * out_scale, o[mt][d][2 * h + 1] * out_scale);
+            if (d * 8 < p.head_size_v) {
+              *reinterpret_cast<float2*>(dst + d * 8) =
+                  make_float2(o[mt][d][2 * h] * out_scale, o[mt][d][2 * h + 1] * out_scale);
+            }
           }
           if (quad_col == 0) p.partial_lse[ctx.item.partial_row + r] = lse;
         }
@@ -744,11 +775,12 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
   }
   if (!split) {
     __syncwarp();
+    const int out_chunks = p.head_size_v / 8;
     for (int idx = lane; idx < 16 * MT * Tr::kChunks; idx += 32) {
       const int rr = idx / Tr::kChunks;
       const int c = idx - rr * Tr::kChunks;
       const int r = warp_row0 + rr;
-      if (r < ctx.item.num_rows) {
+      if (r < ctx.item.num_rows && c < out_chunks) {
         T* dst = static_cast<T*>(p.output) + row_token(ctx, r) * p.o_token_stride +
                  row_head(ctx, r) * p.o_head_stride + c * 8;
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(q_smem + r * Tr::kRowStride + c * 8);
@@ -759,15 +791,38 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
 
 // ---- the kernel ------------------------------------------------------------------------------
 
-template <int D, typename T, bool kFp8>
-__global__ void __launch_bounds__(kThreadsPerCta, AttentionTraits<D, T, kFp8>::kMinCtasPerSm)
+}  // namespace pagedattn::cuda
+
+#include "backends/cuda/attention_kernel_choice.h"
+#include "backends/cuda/paged_prefill_wgmma.cuh"
+
+namespace pagedattn::cuda {
+
+// Resources of a kernel variant (attention_kernel_choice.h).
+template <int D, typename T, bool kFp8, int kVariant>
+struct KernelVariantTraits {
+  using Tr = AttentionTraits<D, T, kFp8>;
+  using W = WgmmaPrefillTraits<D>;
+  static constexpr bool kWgmma = kVariant == kVariantWgmma;
+  static constexpr bool kValid = kVariant == kVariantMma || (kWgmma && W::kSupported && !kFp8);
+  static_assert(kValid, "no such kernel variant for this head size / cache");
+  static constexpr int kPrefillSmem = kWgmma ? W::kSmemBytes : Tr::kPrefillSmem;
+  static constexpr int kSmemBytes = kPrefillSmem > Tr::kDecodeSmem ? kPrefillSmem : Tr::kDecodeSmem;
+  static constexpr int kMinCtasPerSm = Tr::kMinCtasPerSm;
+};
+
+template <int D, typename T, bool kFp8, int kVariant>
+__global__ void __launch_bounds__(kThreadsPerCta, KernelVariantTraits<D, T, kFp8, kVariant>::kMinCtasPerSm)
     paged_attention_kernel(const AttentionKernelParams p) {
-  extern __shared__ __align__(16) char smem[];
+  using V = KernelVariantTraits<D, T, kFp8, kVariant>;
+  extern __shared__ __align__(1024) char smem[];  // 1024: the wgmma path's 128-byte swizzle
   const int num_items = p.header->num_work_items;
   for (int i = blockIdx.x; i < num_items; i += gridDim.x) {
     const ItemContext ctx = make_item_context(p, p.items[i]);
     if (ctx.item.flags & kItemDecodePath) {
       run_decode_item<D, T, kFp8>(p, ctx, smem);
+    } else if constexpr (V::kWgmma) {
+      run_prefill_item_wgmma<D, T>(p, ctx, smem);
     } else {
       run_prefill_item<D, T, kFp8>(p, ctx, smem);
     }

@@ -7,6 +7,10 @@
 // Split-KV: when the items are fewer than the resident CTAs, long ranges are cut into chunks of
 // about total_tiles / resident_ctas tiles (at least kMinTilesPerSplit), boundaries aligned to a
 // 64-key tile, so one launch fills the device (flash-decoding); the combine kernel merges them.
+// Cascade (common prefix P): prefix items over keys [0, P) for every query row of the batch
+// (tiles of packed global rows, one set per kv head), the requests' items over [P, seq_len);
+// all write partials (the prefix ones at (split, kv head, global row)) and every request item
+// group gets a combine item that also merges its rows' prefix states.
 // Order: costliest first, dealt to the persistent CTAs boustrophedon (band b of resident_ctas
 // items is reversed when b is odd) so the big items are spread over the CTAs.
 #include "backends/cuda/planner.h"
@@ -57,42 +61,95 @@ int64_t max_unsplit_work_items(const PlannerConfig& config, int64_t max_num_seqs
   return config.num_kv_heads * (max_num_seqs + (rows + config.prefill_rows - 1) / config.prefill_rows);
 }
 
+int64_t max_prefix_work_items(const PlannerConfig& config, int64_t max_num_batched_tokens) {
+  const int64_t rows = max_num_batched_tokens * config.group_size;
+  return config.num_kv_heads * (1 + (rows + config.prefill_rows - 1) / config.prefill_rows);
+}
+
+namespace {
+
+// Split s of n of an item's key range: tile-aligned boundaries; split 0 keeps the sink.
+WorkItem split_part(const WorkItem& it, int s, int n) {
+  const int first_tile = it.kv_start / kKeysPerTile;
+  const int tiles = tiles_of(KeyRange{it.kv_start, it.kv_end});
+  const int t_begin = first_tile + static_cast<int>(static_cast<int64_t>(tiles) * s / n);
+  const int t_end = first_tile + static_cast<int>(static_cast<int64_t>(tiles) * (s + 1) / n);
+  WorkItem part = it;
+  if (n > 1) {
+    part.kv_start = std::max(it.kv_start, t_begin * kKeysPerTile);
+    part.kv_end = std::min(it.kv_end, t_end * kKeysPerTile);
+  }
+  part.flags = (it.flags & kItemDecodePath) | (s == 0 ? (it.flags & kItemOwnsSink) : 0);
+  return part;
+}
+
+}  // namespace
+
 AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const int32_t> query_start_loc,
-                                  std::span<const int32_t> seq_lens) {
+                                  std::span<const int32_t> seq_lens, int cascade_prefix) {
   AttentionPlan plan;
   const int num_reqs = static_cast<int>(seq_lens.size());
   const int G = config.group_size;
+  const bool cascade = cascade_prefix > 0 && num_reqs > 0;
+  plan.cascade_prefix = cascade ? cascade_prefix : 0;
 
-  // 1. Unsplit items.
+  // 1. Unsplit items: each request's rows in tiles (under cascade its keys from P on), then
+  //    (cascade) the prefix items over every row of the batch.
   std::vector<WorkItem> base;
-  for (int r = 0; r < num_reqs; ++r) {
-    const int q = query_start_loc[r + 1] - query_start_loc[r];
-    if (q <= 0) continue;
-    const int rows = q * G;
+  const auto add_tiles = [&](const WorkItem& proto, int rows, const auto& range_of) {
     const bool decode = rows <= kDecodeRows;
     const int tile_rows = decode ? kDecodeRows : config.prefill_rows;
     for (int row0 = 0; row0 < rows; row0 += tile_rows) {
       const int n = std::min(tile_rows, rows - row0);
-      const KeyRange range = visible_key_range(config, q, seq_lens[r], row0 / G, (row0 + n - 1) / G);
+      const KeyRange range = range_of(row0 / G, (row0 + n - 1) / G);
       for (int g = 0; g < config.num_kv_heads; ++g) {
-        WorkItem it{};
-        it.request = r;
+        WorkItem it = proto;
         it.kv_head = g;
-        it.query_start = query_start_loc[r];
-        it.query_len = q;
-        it.seq_len = seq_lens[r];
         it.row_start = row0;
         it.num_rows = n;
         it.kv_start = range.start;
         it.kv_end = range.end;
-        it.flags = (decode ? kItemDecodePath : 0) | kItemOwnsSink;
+        it.flags = proto.flags | (decode ? kItemDecodePath : 0);
         it.partial_row = -1;
         base.push_back(it);
       }
     }
+  };
+  for (int r = 0; r < num_reqs; ++r) {
+    const int q = query_start_loc[r + 1] - query_start_loc[r];
+    if (q <= 0) continue;
+    WorkItem proto{};
+    proto.request = r;
+    proto.query_start = query_start_loc[r];
+    proto.query_len = q;
+    proto.seq_len = seq_lens[r];
+    proto.flags = kItemOwnsSink;
+    add_tiles(proto, q * G, [&](int t0, int t1) {
+      KeyRange range = visible_key_range(config, q, seq_lens[r], t0, t1);
+      if (cascade) {
+        range.start = std::max(range.start, cascade_prefix);
+        range.end = std::max(range.end, range.start);
+      }
+      return range;
+    });
   }
+  const size_t num_suffix = base.size();
+  // Prefix rows: global row = flat_token * G + head_in_group. As one request of T queries with
+  // seq_len P + T, every row's causal range covers [0, P): the kernel needs no special case.
+  const int num_tokens = num_reqs > 0 ? query_start_loc[num_reqs] - query_start_loc[0] : 0;
+  if (cascade && num_suffix > 0) {
+    WorkItem proto{};
+    proto.request = 0;  // the prefix pages are request 0's (shared by every request)
+    proto.query_start = query_start_loc[0];
+    proto.query_len = num_tokens;
+    proto.seq_len = cascade_prefix + num_tokens;
+    proto.flags = 0;    // the sink belongs to the suffix
+    add_tiles(proto, num_tokens * G, [&](int, int) { return KeyRange{0, cascade_prefix}; });
+  }
+  const bool has_prefix = base.size() > num_suffix;
 
-  // 2. Split-KV when the unsplit items leave CTAs idle.
+  // 2. Split-KV when the unsplit items leave CTAs idle. Under cascade every item writes partial
+  //    states (prefix items: the same split count for all, as they share one key range).
   std::vector<int> splits(base.size(), 1);
   const int64_t num_base = static_cast<int64_t>(base.size());
   if (config.allow_split && num_base > 0 && num_base < config.resident_ctas) {
@@ -104,29 +161,49 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
       int64_t partial_rows = 0;
       int64_t num_items = 0;
       int64_t num_groups = 0;
+      bool any_split = false;
       for (size_t i = 0; i < base.size(); ++i) {
         const int64_t tiles = tiles_of(KeyRange{base[i].kv_start, base[i].kv_end});
         const int64_t most = std::max<int64_t>(1, std::min<int64_t>(config.max_splits, tiles / kMinTilesPerSplit));
         splits[i] = static_cast<int>(std::clamp<int64_t>((tiles + ideal / 2) / ideal, 1, most));
         num_items += splits[i];
-        if (splits[i] > 1) {
+        any_split = any_split || splits[i] > 1;
+        if (cascade || splits[i] > 1) {
           partial_rows += static_cast<int64_t>(splits[i]) * base[i].num_rows;
-          ++num_groups;
+          if (i < num_suffix) ++num_groups;
         }
       }
       if (partial_rows <= config.partial_rows_capacity && num_items <= config.max_work_items &&
           num_groups <= config.max_combine_items) {
         break;
       }
+      if (!any_split) break;  // nothing left to merge: the checks below name the limit
       ideal *= 2;  // fewer, longer splits until the plan fits the workspace
     }
   }
 
-  // 3. Materialize splits and combine groups.
-  for (size_t i = 0; i < base.size(); ++i) {
+  // 3. Materialize: the prefix states first ((split, kv head, global row) order), then each
+  //    request item group with its combine item.
+  int prefix_base = 0, prefix_stride = 0;
+  if (has_prefix) {
+    plan.prefix_splits = splits[num_suffix];
+    prefix_stride = config.num_kv_heads * num_tokens * G;
+    prefix_base = plan.partial_rows;
+    plan.partial_rows += plan.prefix_splits * prefix_stride;
+    for (size_t i = num_suffix; i < base.size(); ++i) {
+      const WorkItem& it = base[i];
+      for (int s = 0; s < plan.prefix_splits; ++s) {
+        WorkItem part = split_part(it, s, plan.prefix_splits);
+        part.partial_row = prefix_base + s * prefix_stride + it.kv_head * num_tokens * G + it.row_start;
+        plan.items.push_back(part);
+        ++plan.prefix_items;
+      }
+    }
+  }
+  for (size_t i = 0; i < num_suffix; ++i) {
     const WorkItem& it = base[i];
     const int n = splits[i];
-    if (n == 1) {
+    if (n == 1 && !has_prefix) {
       plan.items.push_back(it);
       continue;
     }
@@ -137,16 +214,15 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
     c.kv_head = it.kv_head;
     c.num_splits = n;
     c.partial_row = plan.partial_rows;
+    if (has_prefix) {
+      c.prefix_splits = plan.prefix_splits;
+      c.prefix_row = prefix_base + it.kv_head * num_tokens * G + (it.query_start - query_start_loc[0]) * G +
+                     it.row_start;
+      c.prefix_stride = prefix_stride;
+    }
     plan.combine.push_back(c);
-    const int first_tile = it.kv_start / kKeysPerTile;
-    const int tiles = tiles_of(KeyRange{it.kv_start, it.kv_end});
     for (int s = 0; s < n; ++s) {
-      const int t_begin = first_tile + static_cast<int>(static_cast<int64_t>(tiles) * s / n);
-      const int t_end = first_tile + static_cast<int>(static_cast<int64_t>(tiles) * (s + 1) / n);
-      WorkItem part = it;
-      part.kv_start = std::max(it.kv_start, t_begin * kKeysPerTile);
-      part.kv_end = std::min(it.kv_end, t_end * kKeysPerTile);
-      part.flags = (it.flags & kItemDecodePath) | (s == 0 ? kItemOwnsSink : 0);
+      WorkItem part = split_part(it, s, n);
       part.partial_row = plan.partial_rows + s * it.num_rows;
       plan.items.push_back(part);
     }
@@ -156,6 +232,13 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
                   "CUDA builder: the batch needs ", plan.items.size(),
                   " work items but the workspace holds ", config.max_work_items,
                   ": raise max_num_seqs / max_num_batched_tokens of the builder");
+  PAGEDATTN_CHECK(plan.partial_rows <= config.partial_rows_capacity, "metadata", "CUDA builder: the batch needs ",
+                  plan.partial_rows, " partial rows", cascade ? " (cascade prefix + suffix states)" : "",
+                  " but the workspace holds ", config.partial_rows_capacity,
+                  ": raise max_num_batched_tokens of the builder");
+  PAGEDATTN_CHECK(static_cast<int64_t>(plan.combine.size()) <= config.max_combine_items, "metadata",
+                  "CUDA builder: the plan needs ", plan.combine.size(), " combine groups but the workspace holds ",
+                  config.max_combine_items, ": raise max_num_seqs / max_num_batched_tokens of the builder");
 
   // 4. Order: costliest first, boustrophedon over the resident CTAs.
   std::stable_sort(plan.items.begin(), plan.items.end(),

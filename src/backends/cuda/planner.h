@@ -13,6 +13,10 @@
 
 namespace pagedattn::cuda {
 
+// The builder sizes the cascade states for batches of at most this many tokens; a larger batch
+// attends the shared prefix in one pass (cuda_backend_internal.h).
+inline constexpr int kCascadeMaxTokens = 2048;
+
 struct PlannerConfig {
   int group_size = 1;            // num_heads / num_kv_heads
   int num_kv_heads = 1;
@@ -21,7 +25,7 @@ struct PlannerConfig {
   bool positional = true;        // false: cross-attention (every key visible)
   bool causal = true;
   std::optional<int> sliding_window;  // W: |k - p| <= W - 1 (causal: p - k <= W - 1)
-  int partial_rows_capacity = 0; // rows of the split partial buffers
+  int partial_rows_capacity = 0; // rows of the partial buffers (splits and cascade states)
   int max_work_items = 0;        // capacity of the device item array
   int max_combine_items = 0;
   int max_splits = 256;
@@ -32,6 +36,9 @@ struct AttentionPlan {
   std::vector<WorkItem> items;
   std::vector<CombineItem> combine;
   int partial_rows = 0;          // rows of the partial buffers in use
+  int cascade_prefix = 0;        // P > 0: the plan splits every request's keys at P
+  int prefix_items = 0;          // work items over the shared prefix (after splits)
+  int prefix_splits = 0;         // splits of each prefix row group (cascade)
 };
 
 // Visible key range [start, end) of the rows of tokens [t0, t1] of a request (query_len q,
@@ -44,12 +51,19 @@ KeyRange visible_key_range(const PlannerConfig& config, int query_len, int seq_l
 
 // query_start_loc (num_reqs + 1), seq_lens (num_reqs). Throws Error naming "metadata" when the
 // plan would exceed the configured capacities.
+// cascade_prefix P > 0 (the caller checked: causal decoder, no window / ALiBi, P <= every
+// request's computed tokens, prefix pages shared): prefix items cover keys [0, P) of every
+// query row of the batch (block-table row 0), the requests' items keys [P, seq_len); every row
+// is merged by a combine item (attention_plan.h).
 AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const int32_t> query_start_loc,
-                                  std::span<const int32_t> seq_lens);
+                                  std::span<const int32_t> seq_lens, int cascade_prefix = 0);
 
 // Upper bound of work items for a batch of at most max_num_seqs requests and
 // max_num_batched_tokens tokens (without splits; splits add at most 2 * resident_ctas).
 int64_t max_unsplit_work_items(const PlannerConfig& config, int64_t max_num_seqs,
                                int64_t max_num_batched_tokens);
+
+// Upper bound of the (unsplit) prefix items of a cascade batch of max_num_batched_tokens tokens.
+int64_t max_prefix_work_items(const PlannerConfig& config, int64_t max_num_batched_tokens);
 
 }  // namespace pagedattn::cuda
