@@ -64,6 +64,7 @@
 #include "backends/cuda/device_primitives.cuh"
 #include "backends/cuda/kernel_launch.h"
 #include "backends/cuda/mla_decode_wgmma.h"
+#include "backends/cuda/wgmma_common.cuh"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda::mla_decode {
@@ -93,30 +94,7 @@ __device__ __forceinline__ void bar_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
-// Byte offset of 16-byte chunk `chunk` (0..71) of row `row` (0..63) of a tile (module comment).
-__device__ __forceinline__ int tile_off(int row, int chunk) {
-  return (chunk >> 3) * kBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-}
-
-// ---- wgmma (sm_90a) -----------------------------------------------------------------------------
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading / stride byte offsets.
-__device__ __forceinline__ uint64_t smem_desc(const void* ptr, uint32_t lbo, uint32_t sbo) {
-  const uint32_t a = smem_addr(ptr);
-  return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Keeps the compiler from moving accumulator accesses across the asynchronous MMA region.
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-// Ordinary shared-memory stores (cp.async, st.shared) -> reads by the tensor cores.
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
+// ---- wgmma (sm_90a); the swizzled layout, descriptors and fences: wgmma_common.cuh --------------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // D (64 x N f32, scale-d = 1: accumulate) += A (64 x 16, shared, K-major) . B (16 x N, shared;
 // n64: K-major, n256_tb: N-major).
@@ -217,7 +195,7 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const int64_t (
     const bool valid = offsets[pass] >= 0;
     const char* src = static_cast<const char*>(p.cache) + (valid ? offsets[pass] : 0) + sub * 16;
 #pragma unroll
-    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(stage + tile_off(row, sub + 8 * j), src + j * 128, valid);
+    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(stage + swizzled_offset(row, sub + 8 * j), src + j * 128, valid);
   }
 }
 
@@ -260,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       const char* src = static_cast<const char*>(p.q) +
                         (static_cast<int64_t>(seg.request) * p.q_token_stride +
                          static_cast<int64_t>(valid ? h0 + row : 0) * p.q_head_stride) * 2 + chunk * 16;
-      cp_async_16(q_smem + tile_off(row, chunk), src, valid);
+      cp_async_16(q_smem + swizzled_offset(row, chunk), src, valid);
     }
     cp_async_commit();
     int64_t offsets[kCopyPasses];
@@ -276,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     } else {
       cp_async_wait<0>();
     }
-    fence_async_smem();
+    wgmma::fence_async_smem();
     __syncthreads();
 
     float o[kValueCols / 2];  // 64 x 256 f32 over the warpgroup: n8 block j -> o[4j .. 4j + 3]
@@ -294,16 +272,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         float s[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        reg_fence(s);
-        wgmma_fence();
+        wgmma::reg_fence(s);
+        wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < kLatent / 16; ++kk) {
           const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-          Wgmma<T>::ss_n64(s, smem_desc(q_smem + off, 16, 1024), smem_desc(kv + off, 16, 1024));
+          Wgmma<T>::ss_n64(s, wgmma::smem_desc(q_smem + off, 16, 1024), wgmma::smem_desc(kv + off, 16, 1024));
         }
-        wgmma_commit();
-        wgmma_wait_all();
-        reg_fence(s);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::reg_fence(s);
 
         // Mask keys past the segment; online softmax; P and alpha to shared memory.
         const int key0 = seg.kv_start + tile * kKeys + 2 * quad_col;
@@ -343,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
           }
           if (quad_col == 0) alpha_smem[r] = alpha[h];
         }
-        fence_async_smem();
+        wgmma::fence_async_smem();
         bar_arrive(kBarPReady);
 
         // O[:, 0:256) = alpha * O + P . V[:, 0:256).
@@ -354,16 +332,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
           o[4 * j + 2] *= alpha[1];
           o[4 * j + 3] *= alpha[1];
         }
-        reg_fence(o);
-        wgmma_fence();
+        wgmma::reg_fence(o);
+        wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks) {
-          Wgmma<T>::ss_n256_tb(o, smem_desc(p_smem + ks * 32, 16, 1024),
-                               smem_desc(kv + ks * 16 * 128, kBlockBytes, 1024));
+          Wgmma<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+                               wgmma::smem_desc(kv + ks * 16 * 128, kBlockBytes, 1024));
         }
-        wgmma_commit();
-        wgmma_wait_all();
-        reg_fence(o);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::reg_fence(o);
         if (tile + 2 < num_tiles) bar_arrive(kBarPv0Done + (tile & 1));  // stage tile & 1 free on WG0's side
       }
       // Final row sums and maxima for WG1's epilogue.
@@ -390,22 +368,22 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
           o[4 * j + 2] *= a1;
           o[4 * j + 3] *= a1;
         }
-        reg_fence(o);
-        wgmma_fence();
+        wgmma::reg_fence(o);
+        wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks) {
-          Wgmma<T>::ss_n256_tb(o, smem_desc(p_smem + ks * 32, 16, 1024),
-                               smem_desc(kv + (kValueCols / 64) * kBlockBytes + ks * 16 * 128, kBlockBytes, 1024));
+          Wgmma<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+                               wgmma::smem_desc(kv + (kValueCols / 64) * kBlockBytes + ks * 16 * 128, kBlockBytes, 1024));
         }
-        wgmma_commit();
+        wgmma::commit();
         // Tile + 1 (the only copies in flight) landed: WG0 may start S(tile + 1) now.
         if (tile + 1 < num_tiles) {
           cp_async_wait<0>();
-          fence_async_smem();
+          wgmma::fence_async_smem();
           bar_arrive(kBarFull);
         }
-        wgmma_wait_all();
-        reg_fence(o);
+        wgmma::wait<0>();
+        wgmma::reg_fence(o);
         if (tile + 1 < num_tiles) bar_arrive(kBarPFree);  // WG0 may overwrite P and alpha
         if (tile + 2 < num_tiles) {
           bar_sync(kBarPv0Done + (tile & 1));  // WG0's P . V(tile) done: refill the stage with tile + 2
