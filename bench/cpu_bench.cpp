@@ -15,6 +15,8 @@
 //   Prefill/…    1x2048 and 4x1024 new tokens, causal, no context
 //   Decode/B/C   batch B (1, 16, 64) x context C (1k, 4k, 16k), one new token each
 //   Mixed        one 512-token chunk over 1536 cached + 32 decodes over 2k
+//   DecodeKernels/B x C   the direct decode kernel and the tile kernel alternating on one batch
+//                (medians of the rounds: direct_GB/s, tile_GB/s, direct/tile)
 //   Reference/…  the REFERENCE backend (fp64, naive) on reduced sizes (it is ~1000x slower)
 // Run: build/…/bench/cpu_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
@@ -22,6 +24,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
@@ -199,6 +202,47 @@ void BM_Cpu(benchmark::State& state, std::vector<RequestShape> batch, DType dtyp
   report(state, *step, cpu::active_kernels().name);
 }
 
+// The decode kernels of the CPU backend side by side on one batch: each round runs the direct
+// decode kernel (PAGEDATTN_CPU_DECODE_KERNEL=auto) and the tile kernel (=tile) once each, in
+// alternating order, so both see the same machine state; counters are the medians of the rounds
+// (direct_GB/s, tile_GB/s, direct/tile = speedup). The reported time is the sum of both calls.
+void BM_DecodeKernels(benchmark::State& state, std::vector<RequestShape> batch) {
+  auto step = make_step(cpu_backend(), batch);
+  std::vector<double> direct_s, tile_s;
+  const auto timed = [&](cpu::DecodeKernel kernel) {
+    cpu::set_decode_kernel_override(kernel);
+    const auto start = std::chrono::steady_clock::now();
+    step->run();
+    const auto stop = std::chrono::steady_clock::now();
+    return std::chrono::duration<double>(stop - start).count();
+  };
+  step->run();  // warm-up (first touch of scratch)
+  int round = 0;
+  for (auto _ : state) {
+    if (round++ % 2 == 0) {
+      direct_s.push_back(timed(cpu::DecodeKernel::automatic));
+      tile_s.push_back(timed(cpu::DecodeKernel::tile));
+    } else {
+      tile_s.push_back(timed(cpu::DecodeKernel::tile));
+      direct_s.push_back(timed(cpu::DecodeKernel::automatic));
+    }
+    benchmark::ClobberMemory();
+  }
+  cpu::clear_decode_kernel_override();
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double direct = median(direct_s), tile = median(tile_s);
+  state.counters["direct_GB/s"] = step->bytes / direct / 1e9;
+  state.counters["tile_GB/s"] = step->bytes / tile / 1e9;
+  state.counters["direct/tile"] = tile / direct;
+  if (g_peaks.copy_gbs > 0) {
+    state.counters["direct_copy_bw%"] = 100.0 * step->bytes / direct / (g_peaks.copy_gbs * 1e9);
+  }
+  state.SetLabel(cpu::active_kernels().name);
+}
+
 void BM_Reference(benchmark::State& state, std::vector<RequestShape> batch) {
   const AttentionBackend* reference = find_backend("REFERENCE");
   if (reference == nullptr) {
@@ -240,6 +284,15 @@ void register_all() {
       cpu("Decode/" + std::to_string(batch) + "x" + std::to_string(context / 1024) + "k",
           decode_batch(batch, context));
     }
+  }
+  // Direct decode kernel vs the tile kernel, alternating in one run (see BM_DecodeKernels).
+  for (const auto& [name, batch] : {std::pair{"16x4k", decode_batch(16, 4096)},
+                                    std::pair{"64x4k", decode_batch(64, 4096)}}) {
+    benchmark::RegisterBenchmark((std::string("CPU/DecodeKernels/") + name).c_str(),
+                                 BM_DecodeKernels, batch)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->MinTime(1.0);
   }
   std::vector<RequestShape> mixed = decode_batch(32, 2048);
   mixed.push_back({1536, 512});

@@ -23,7 +23,8 @@
 // q tile. Q (rows x D), S, P and O (rows x Dv, f32) live in per-thread scratch (L2).
 // Head-fused items (decode batches, see cpu_plan.cpp) hold the rows of every KV head of one
 // request: each key tile is packed and applied for the KV heads in turn (the rows of head block b
-// sit at b * rows_per_head), so the item walks every head of a page before the next page.
+// sit at b * rows_per_head), so the item walks every head of a page before the next page. (On the
+// AVX-512 and AMX paths, head-fused items over a bf16 cache run cpu_decode_avx512.h instead.)
 //
 // Memory traffic: each K/V element of the item's key range is read once from the cache per item
 // (decode: once per (request, kv head) — the floor; prefill: once per q tile of kMaxItemRows/G
@@ -439,8 +440,8 @@ inline void attend_range(ItemContext& c, int req, int kb, int ke, int ra, int rb
   }
 }
 
-template <class Ops>
-void run_item_impl(const AttentionArgs& a, const WorkItem& it, char* scratch) {
+// Per-item constants and the scratch pointers of one work item (scratch: thread_scratch_bytes).
+inline ItemContext make_item_context(const AttentionArgs& a, const WorkItem& it, char* scratch) {
   const ScratchLayout layout = scratch_layout(a.head_size, a.head_size_v, a.max_rows);
   ItemContext c;
   c.args = &a;
@@ -449,10 +450,8 @@ void run_item_impl(const AttentionArgs& a, const WorkItem& it, char* scratch) {
   c.head_size = a.head_size;
   c.head_size_v = a.head_size_v;
   c.kv_head = it.kv_head;
-  const int head_blocks = it.num_kv_heads;
-  const int rows_per_head = (it.tok_end - it.tok_begin) * c.group;
-  c.rows = rows_per_head * head_blocks;
-  c.prefetch_to_l2 = head_blocks > 1;
+  c.rows = (it.tok_end - it.tok_begin) * c.group * it.num_kv_heads;
+  c.prefetch_to_l2 = it.num_kv_heads > 1;
   c.logit_scale = a.scale * kv_key_scale(a, it.kv_head);
   c.value_scale = kv_value_scale(a, it.kv_head);
   c.kv_elem_bytes = elem_bytes(a.kv.dtype);
@@ -470,9 +469,18 @@ void run_item_impl(const AttentionArgs& a, const WorkItem& it, char* scratch) {
   c.hi = reinterpret_cast<int32_t*>(scratch + layout.hi);
   c.pos = reinterpret_cast<int32_t*>(scratch + layout.pos);
   c.temp = reinterpret_cast<float*>(scratch + layout.temp);
+  return c;
+}
 
-  // Row setup: positions, visible key ranges, slopes, packed Q; O = 0, m = -inf, l = 0.
+// Row setup: positions, visible key ranges, slopes, packed Q (Ops::pack_q_row); m = -inf, l = 0,
+// O = 0.
+template <class Ops>
+inline void setup_item_rows(ItemContext& c) {
+  const AttentionArgs& a = *c.args;
+  const WorkItem& it = *c.item;
   const int G = c.group;
+  const int head_blocks = it.num_kv_heads;
+  const int rows_per_head = (it.tok_end - it.tok_begin) * G;
   const size_t q_elem = elem_bytes(a.q_dtype);
   for (int r = it.req_begin; r < it.req_end; ++r) {
     const int q_first = a.query_start_loc[r];
@@ -505,6 +513,15 @@ void run_item_impl(const AttentionArgs& a, const WorkItem& it, char* scratch) {
     }
   }
   std::memset(c.o, 0, static_cast<size_t>(c.rows) * a.head_size_v * sizeof(float));
+}
+
+template <class Ops>
+void run_item_impl(const AttentionArgs& a, const WorkItem& it, char* scratch) {
+  ItemContext c = make_item_context(a, it, scratch);
+  const int G = c.group;
+  const int head_blocks = it.num_kv_heads;
+  const int rows_per_head = (it.tok_end - it.tok_begin) * G;
+  setup_item_rows<Ops>(c);
 
   // Cascade prefix: keys [0, prefix_len) shared by every request of the item.
   if (it.prefix_len > 0) attend_range<Ops>(c, it.req_begin, 0, it.prefix_len, 0, c.rows);

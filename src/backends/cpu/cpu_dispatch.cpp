@@ -5,6 +5,9 @@
 //                                                + AMX-BF16, the tile state enabled by the OS and
 //                                                granted to this process), avx512 (AVX512F/BW/DQ/VL
 //                                                + AVX512_BF16), avx2 (AVX2 + FMA + F16C), scalar.
+//   PAGEDATTN_CPU_DECODE_KERNEL = auto | tile     the direct decode kernel for head-fused decode
+//                                                items where it applies (auto), or the tile kernel
+//                                                for everything (tile); read on first use.
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -26,6 +29,10 @@ namespace pagedattn::cpu {
 namespace {
 
 constexpr const char* kIsaEnv = "PAGEDATTN_CPU_ISA";
+constexpr const char* kDecodeKernelEnv = "PAGEDATTN_CPU_DECODE_KERNEL";
+
+std::atomic<int> g_decode_kernel_override{-1};
+std::atomic<uint64_t> g_direct_decode_items{0};
 
 std::atomic<int> g_isa_override{-1};
 std::atomic<const KernelTable*> g_table_override{nullptr};
@@ -172,5 +179,34 @@ const KernelTable& active_kernels() {
   if (forced >= 0) return *table_for(static_cast<Isa>(forced));
   return default_table();
 }
+
+DecodeKernel parse_decode_kernel(const char* name, const char* argument) {
+  const std::string value = name == nullptr ? "" : name;
+  if (value == "auto") return DecodeKernel::automatic;
+  if (value == "tile") return DecodeKernel::tile;
+  throw Error(argument, detail::concat(argument, " = '", value,
+                                       "' is not a CPU decode kernel choice: expected auto or tile"));
+}
+
+DecodeKernel decode_kernel() {
+  const int forced = g_decode_kernel_override.load(std::memory_order_acquire);
+  if (forced >= 0) return static_cast<DecodeKernel>(forced);
+  static const DecodeKernel choice = [] {
+    const char* env = std::getenv(kDecodeKernelEnv);
+    if (env == nullptr || env[0] == '\0') return DecodeKernel::automatic;
+    return parse_decode_kernel(env, kDecodeKernelEnv);
+  }();
+  return choice;
+}
+
+void set_decode_kernel_override(DecodeKernel kernel) {
+  g_decode_kernel_override.store(static_cast<int>(kernel), std::memory_order_release);
+}
+
+void clear_decode_kernel_override() { g_decode_kernel_override.store(-1, std::memory_order_release); }
+
+uint64_t direct_decode_items_run() { return g_direct_decode_items.load(std::memory_order_relaxed); }
+
+void count_direct_decode_item() { g_direct_decode_items.fetch_add(1, std::memory_order_relaxed); }
 
 }  // namespace pagedattn::cpu

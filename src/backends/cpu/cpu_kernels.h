@@ -126,6 +126,9 @@ struct AttentionArgs {
   bool causal = true;
   bool window_symmetric = false;
   Precision precision = Precision::f32;
+  // Head-fused decode items run the direct decode kernel where it applies (cpu_decode_avx512.h);
+  // false: always the tile kernel (PAGEDATTN_CPU_DECODE_KERNEL=tile, see decode_kernel()).
+  bool direct_decode = true;
 
   // Batch (copied into the plan by the builder).
   const int32_t* query_start_loc = nullptr;  // (num_reqs + 1,)
@@ -179,5 +182,19 @@ void clear_isa_override();
 // Tests: runs `table` (one of the tables above) until cleared with nullptr; wins over
 // set_isa_override. Throws Error when the CPU cannot run it (the emulated AMX table needs avx512).
 void set_kernel_table_override(const KernelTable* table);
+
+// Decode kernel choice, read once: env PAGEDATTN_CPU_DECODE_KERNEL = auto (the default: the direct
+// decode kernel for the head-fused decode items it applies to, on the avx512 and amx paths) | tile
+// (the tile kernel for every item; for A/B measurements). An unknown value is an Error naming the
+// variable. set_decode_kernel_override (tests, benchmarks) replaces the choice until cleared.
+enum class DecodeKernel : int { automatic = 0, tile = 1 };
+DecodeKernel decode_kernel();
+DecodeKernel parse_decode_kernel(const char* name, const char* argument);
+void set_decode_kernel_override(DecodeKernel kernel);
+void clear_decode_kernel_override();
+// Work items run by the direct decode kernel since the process started (tests check that a case
+// took the path); count_direct_decode_item is called by the kernels once per item.
+uint64_t direct_decode_items_run();
+void count_direct_decode_item();
 
 }  // namespace pagedattn::cpu

@@ -1,0 +1,292 @@
+// The direct decode kernel of the CPU backend (cpu_decode_avx512.h: head-fused decode items over a
+// bf16 paged cache, computed on the cache rows in place) against the REFERENCE (fp64) on fresh
+// random inputs: GQA groups 1..8 (register blocks of 1..4 rows and several blocks per head), head
+// sizes 32..256, block sizes 16/32/64, NHD and HND, contexts that end inside a page,
+// 1-3 query tokens per request, sinks, soft-cap, ALiBi, sliding and symmetric windows, the LSE,
+// logits scaled up so that the running max jumps by more than the lazy-rescale slack, 1 and 2
+// threads. Every case checks that the path actually ran (direct_decode_items_run) and that the
+// tile kernel (PAGEDATTN_CPU_DECODE_KERNEL=tile) gives the same answer within tolerance; the
+// items the kernel does not apply to (f16/fp8 caches, f32 activations, blocks of 8/24, D != Dv)
+// are checked to stay on the tile kernel.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../../src/backends/cpu/cpu_backend.h"
+#include "../../src/backends/cpu/cpu_internal.h"
+#include "conformance/harness.h"
+
+namespace pagedattn::cpu {
+namespace {
+
+using conformance::ConformanceCase;
+using conformance::ConformanceResult;
+
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~EnvGuard() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// The kernel tables the direct decode kernel lives in: avx512, amx (where AMX runs) and the AMX
+// kernels with an emulated tile unit (wherever avx512 runs).
+enum class Path { avx512, amx, amx_emulated };
+
+std::string path_name(const ::testing::TestParamInfo<Path>& info) {
+  switch (info.param) {
+    case Path::avx512: return "avx512";
+    case Path::amx: return "amx";
+    default: return "amx_emulated";
+  }
+}
+
+class CpuDirectDecode : public ::testing::TestWithParam<Path> {
+ protected:
+  void SetUp() override {
+    switch (GetParam()) {
+      case Path::avx512:
+        if (!isa_supported(Isa::avx512)) GTEST_SKIP() << "avx512 is not available here";
+        set_isa_override(Isa::avx512);
+        break;
+      case Path::amx:
+        if (!isa_supported(Isa::amx)) GTEST_SKIP() << "amx is not available here";
+        set_isa_override(Isa::amx);
+        break;
+      case Path::amx_emulated:
+        if (!isa_supported(Isa::avx512)) GTEST_SKIP() << "needs avx512";
+        set_kernel_table_override(amx_emulated_kernel_table());
+        break;
+    }
+  }
+  void TearDown() override {
+    set_kernel_table_override(nullptr);
+    clear_isa_override();
+    clear_decode_kernel_override();
+  }
+
+  struct CaseInputsHolder {
+    conformance::CaseInputs inputs;
+    conformance::RunOptions options;
+    conformance::BackendOutputs reference;
+  };
+
+  struct Outcome {
+    ConformanceResult result;
+    uint64_t direct_items = 0;  // items the run sent to the direct decode kernel
+    int fused_items = 0;        // head-fused items of its plan
+  };
+
+  // Runs the case with the given decode kernel choice against the REFERENCE.
+  static Outcome run(const CaseInputsHolder& holder, DecodeKernel kernel) {
+    set_decode_kernel_override(kernel);
+    conformance::PreparedRun prepared =
+        conformance::prepare_run(cpu_backend(), Device::cpu, holder.inputs, holder.options);
+    const auto& md = dynamic_cast<const CpuAttentionMetadata&>(*prepared.step_metadata);
+    Outcome outcome;
+    for (const WorkItem& item : md.items) outcome.fused_items += item.num_kv_heads > 1 ? 1 : 0;
+    const uint64_t before = direct_decode_items_run();
+    conformance::execute(prepared);
+    outcome.direct_items = direct_decode_items_run() - before;
+    outcome.result =
+        conformance::compare(holder.inputs, conformance::collect(prepared), holder.reference);
+    return outcome;
+  }
+
+  static CaseInputsHolder prepare(const ConformanceCase& c, uint64_t seed, float logit_boost = 1.f,
+                                  std::optional<bool> causal = std::nullopt) {
+    CaseInputsHolder holder;
+    holder.inputs = conformance::make_inputs(c, seed);
+    holder.inputs.scale *= logit_boost;
+    holder.options.causal = causal;
+    holder.reference = conformance::run_backend(conformance::reference(), Device::cpu,
+                                                holder.inputs, holder.options);
+    return holder;
+  }
+
+  // The case on the direct kernel (every fused item must take it) and on the tile kernel (none
+  // may), both against the REFERENCE.
+  static void expect_direct_matches(const ConformanceCase& c, uint64_t seed,
+                                    float logit_boost = 1.f,
+                                    std::optional<bool> causal = std::nullopt) {
+    const CaseInputsHolder holder = prepare(c, seed, logit_boost, causal);
+    const Outcome direct = run(holder, DecodeKernel::automatic);
+    EXPECT_GT(direct.fused_items, 0) << c.describe() << ": the plan fused no decode";
+    EXPECT_EQ(direct.direct_items, static_cast<uint64_t>(direct.fused_items))
+        << c.describe() << ": every head-fused item should run the direct decode kernel";
+    EXPECT_TRUE(direct.result.passed()) << "direct: " << direct.result.describe();
+    const Outcome tile = run(holder, DecodeKernel::tile);
+    EXPECT_EQ(tile.direct_items, 0u) << c.describe();
+    EXPECT_TRUE(tile.result.passed()) << "tile: " << tile.result.describe();
+  }
+
+  // The case must stay on the tile kernel (and still match).
+  static void expect_tile_only(const ConformanceCase& c, uint64_t seed) {
+    const CaseInputsHolder holder = prepare(c, seed);
+    const Outcome outcome = run(holder, DecodeKernel::automatic);
+    EXPECT_GT(outcome.fused_items, 0) << c.describe();
+    EXPECT_EQ(outcome.direct_items, 0u) << c.describe() << ": not a direct decode case";
+    EXPECT_TRUE(outcome.result.passed()) << outcome.result.describe();
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Paths, CpuDirectDecode,
+                         ::testing::Values(Path::avx512, Path::amx, Path::amx_emulated), path_name);
+
+// Llama-3-8B's shape (32 q / 8 kv heads, D 128) over contexts that end anywhere in a page.
+TEST_P(CpuDirectDecode, GqaFourLlamaShapeRaggedContexts) {
+  for (const char* threads : {"1", "2"}) {
+    const EnvGuard guard("PAGEDATTN_NUM_THREADS", threads);
+    ConformanceCase c;
+    c.dtype = DType::bf16;
+    c.head_size = 128;
+    c.num_heads = 32;
+    c.num_kv_heads = 8;
+    c.return_lse = true;
+    c.distribution = conformance::Distribution::normal;
+    c.batch = {{1000, 1}, {36, 1}, {512, 1},  {15, 1}, {0, 1},
+               {257, 1},  {95, 1}, {1300, 1}, {16, 1}};
+    expect_direct_matches(c, 201 + (threads[0] - '0'));
+  }
+}
+
+// Groups of 1, 2, 6 and 8 rows per KV head (blocks of 1..4 rows, two blocks for 6 and 8), head
+// sizes 32..256 (a 32-dim tail of P·V for 32, 96, 160), block sizes 16/32/64, both layouts, and 2-3
+// token decodes (rows with different causal ends).
+TEST_P(CpuDirectDecode, GroupsHeadSizesBlockSizesLayouts) {
+  const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
+  struct Shape {
+    int hq, hkv, d, dv, block;
+    KVCacheLayout layout;
+  };
+  const Shape shapes[] = {{4, 4, 64, 64, 32, KVCacheLayout::HND},
+                          {8, 4, 96, 96, 16, KVCacheLayout::NHD},
+                          {12, 2, 256, 256, 64, KVCacheLayout::NHD},
+                          {16, 2, 32, 32, 16, KVCacheLayout::HND},
+                          {24, 4, 128, 128, 32, KVCacheLayout::NHD}};
+  for (size_t i = 0; i < std::size(shapes); ++i) {
+    ConformanceCase c;
+    c.dtype = DType::bf16;
+    c.num_heads = shapes[i].hq;
+    c.num_kv_heads = shapes[i].hkv;
+    c.head_size = shapes[i].d;
+    c.head_size_v = shapes[i].dv;
+    c.block_size = shapes[i].block;
+    c.layout = shapes[i].layout;
+    c.return_lse = i % 2 == 0;
+    c.batch = {{300, 1}, {70, 2}, {1, 1}, {129, 3}, {64, 1}};
+    expect_direct_matches(c, 300 + i);
+  }
+}
+
+// Sinks, soft-cap, ALiBi, sliding window (keys before the window skipped a chunk at a time), and a
+// non-causal decoder with a symmetric window.
+TEST_P(CpuDirectDecode, SinksSoftCapAlibiAndWindows) {
+  const EnvGuard guard("PAGEDATTN_NUM_THREADS", "2");
+  ConformanceCase c;
+  c.dtype = DType::bf16;
+  c.head_size = 64;
+  c.num_heads = 16;
+  c.num_kv_heads = 4;
+  c.return_lse = true;
+  c.sinks = true;
+  c.batch = {{400, 1}, {33, 1}, {250, 2}, {90, 1}, {700, 1}, {17, 1}, {128, 1}, {64, 1}, {5, 1}};
+  expect_direct_matches(c, 401);
+  c.soft_cap = 3.f;
+  c.sliding_window = 100;
+  expect_direct_matches(c, 402);
+  c.soft_cap.reset();
+  c.sinks = false;
+  c.alibi = true;
+  c.sliding_window = 37;
+  c.layout = KVCacheLayout::HND;
+  expect_direct_matches(c, 403);
+  c.alibi = false;
+  c.sliding_window = 50;
+  expect_direct_matches(c, 404, 1.f, /*causal=*/false);
+}
+
+// Logits scaled up 30x: the running max of a row jumps by more than the lazy-rescale slack (8)
+// between chunks, so O and l are rescaled; plus a 1-key context and a 4-token request.
+TEST_P(CpuDirectDecode, LargeLogitJumpsRescale) {
+  const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
+  ConformanceCase c;
+  c.dtype = DType::bf16;
+  c.head_size = 128;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.return_lse = true;
+  c.distribution = conformance::Distribution::normal;
+  c.batch = {{600, 1}, {0, 1}, {200, 4}, {47, 1}};
+  expect_direct_matches(c, 501, 30.f);
+  c.sinks = true;
+  expect_direct_matches(c, 502, 10.f);
+}
+
+// What the kernel does not take: f16 and fp8 caches, f32 activations, block sizes that are not
+// multiples of 16, D != Dv. Those fused items run the tile kernel.
+TEST_P(CpuDirectDecode, OtherCachesAndBlockSizesStayOnTheTileKernel) {
+  const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
+  ConformanceCase c;
+  c.dtype = DType::bf16;
+  c.head_size = 64;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.batch = {{100, 1}, {37, 1}, {64, 1}};
+  c.kv_cache_dtype = "fp8_e4m3";
+  expect_tile_only(c, 601);
+  c.kv_cache_dtype = "auto";
+  c.dtype = DType::f16;
+  expect_tile_only(c, 602);
+  c.dtype = DType::f32;
+  expect_tile_only(c, 603);
+  c.dtype = DType::bf16;
+  c.block_size = 24;
+  expect_tile_only(c, 604);
+  c.block_size = 8;
+  expect_tile_only(c, 605);
+  c.block_size = 16;
+  c.head_size_v = 32;  // D != Dv: rows padded to max(D, Dv)
+  expect_tile_only(c, 606);
+}
+
+TEST(CpuDecodeKernel, ParsesChoicesAndRejectsUnknownNames) {
+  EXPECT_EQ(parse_decode_kernel("auto", "x"), DecodeKernel::automatic);
+  EXPECT_EQ(parse_decode_kernel("tile", "x"), DecodeKernel::tile);
+  for (const char* bad : {"direct", "Tile", ""}) {
+    try {
+      parse_decode_kernel(bad, "PAGEDATTN_CPU_DECODE_KERNEL");
+      FAIL() << bad << " is not a choice";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "PAGEDATTN_CPU_DECODE_KERNEL");
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos);
+    }
+  }
+  set_decode_kernel_override(DecodeKernel::tile);
+  EXPECT_EQ(decode_kernel(), DecodeKernel::tile);
+  clear_decode_kernel_override();
+  if (std::getenv("PAGEDATTN_CPU_DECODE_KERNEL") == nullptr) {
+    EXPECT_EQ(decode_kernel(), DecodeKernel::automatic);
+  }
+}
+
+}  // namespace
+}  // namespace pagedattn::cpu
