@@ -15,33 +15,14 @@
 
 #include "../../src/backends/cpu/cpu_backend.h"
 #include "../../src/backends/cpu/cpu_internal.h"
+#include "conformance/env_guard.h"
 #include "conformance/harness.h"
 #include "pagedattn/pagedattn.h"
 
 namespace pagedattn::cpu {
 namespace {
 
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~EnvGuard() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using conformance::EnvGuard;
 
 bool any_reason_contains(const std::vector<std::string>& reasons, const std::string& text) {
   return std::any_of(reasons.begin(), reasons.end(),

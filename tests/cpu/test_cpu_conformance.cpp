@@ -14,6 +14,7 @@
 
 #include "../../src/backends/cpu/cpu_backend.h"
 #include "../../src/backends/cpu/cpu_internal.h"
+#include "conformance/env_guard.h"
 #include "conformance/harness.h"
 
 namespace pagedattn::cpu {
@@ -23,28 +24,7 @@ using conformance::ConformanceCase;
 using conformance::ConformanceResult;
 using conformance::RequestShape;
 
-// Sets an environment variable for the lifetime of the guard.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~EnvGuard() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using conformance::EnvGuard;
 
 // A kernel path: an ISA, or the AMX kernels with the tile unit emulated in software (runs
 // wherever avx512 does, so machines without AMX still check the AMX tiling and layouts).

@@ -17,6 +17,7 @@
 
 #include "../../src/backends/cpu/cpu_backend.h"
 #include "../../src/backends/cpu/cpu_internal.h"
+#include "conformance/env_guard.h"
 #include "conformance/harness.h"
 
 namespace pagedattn::cpu {
@@ -25,27 +26,7 @@ namespace {
 using conformance::ConformanceCase;
 using conformance::ConformanceResult;
 
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~EnvGuard() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using conformance::EnvGuard;
 
 // The kernel tables the direct decode kernel lives in: avx512, amx (where AMX runs) and the AMX
 // kernels with an emulated tile unit (wherever avx512 runs).
