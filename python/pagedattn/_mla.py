@@ -147,17 +147,7 @@ class MLAAttention(_C._MLAAttention):
         framework: "numpy" or "torch"; None = NumPy for device "cpu", torch for "cuda".
         """
         array, dtype = self._allocate_kv_cache(int(num_blocks))
-        if framework is None:
-            framework = "torch" if self.device == "cuda" else "numpy"
-        if framework == "torch":
-            if self.device == "cuda":
-                return _tensors.as_dtype(array, dtype)
-            return _tensors.to_torch(array, dtype)
-        if framework != "numpy":
-            raise _tensors.error("framework", f'framework = "{framework}": expected "numpy" or "torch"')
-        if self.device == "cuda":
-            raise _tensors.error("framework", 'framework = "numpy" cannot hold a CUDA cache: use "torch"')
-        return _tensors.as_dtype(array, dtype)
+        return _tensors.cache_in_framework(array, dtype, self.device, framework)
 
     def metadata_builder(
         self,

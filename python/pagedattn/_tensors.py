@@ -111,6 +111,22 @@ def to_torch(array: np.ndarray, name: str):
     return as_dtype(torch.from_numpy(array), name)
 
 
+def cache_in_framework(array: Any, dtype: str, device: str, framework: Any) -> Any:
+    """A freshly allocated cache ``array`` (storage dtype ``dtype``) handed out as the caller asked:
+    framework "numpy" or "torch"; None = NumPy for device "cpu", torch for "cuda"."""
+    if framework is None:
+        framework = "torch" if device == "cuda" else "numpy"
+    if framework == "torch":
+        if device == "cuda":
+            return as_dtype(array, dtype)
+        return to_torch(array, dtype)
+    if framework != "numpy":
+        raise error("framework", f'framework = "{framework}": expected "numpy" or "torch"')
+    if device == "cuda":
+        raise error("framework", 'framework = "numpy" cannot hold a CUDA cache: use "torch"')
+    return as_dtype(array, dtype)
+
+
 def use_stream_of(tensor: Any) -> None:
     """Makes pagedattn launch on PyTorch's current stream of `tensor`'s device (CUDA tensors)."""
     if is_torch_tensor(tensor) and tensor.is_cuda:
