@@ -10,7 +10,7 @@
 //   KV bytes   = sum_r seq_len_r * Hkv * (D + Dv) * sizeof(kv)   (each byte once per group)
 //   FLOPs      = 4 * D * Hq * sum over query rows of visible keys (causal counted exactly)
 //   floor      = max(bytes / copy bandwidth, FLOPs / GEMM rate)
-// Kernel variants (src/backends/cuda/attention_kernel_choice.h): --kernels auto,mma,... times each
+// Kernel variants (src/backends/cuda/attention_kernel_choice.h): --kernels auto,mma,unified times each
 // selected case once per listed variant, in alternation, --passes times (same-run comparisons of
 // old and new paths); the JSON rows then carry "kernel" and "pass".
 #include <cublas_v2.h>
@@ -291,25 +291,33 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--out FILE.json] [--only [=]NAME_SUBSTRING[|[=]NAME_SUBSTRING...]] "
-                   "[--kv auto|fp8_e4m3] [--head-size D] [--block-size N] [--kernels auto,mma] "
+                   "[--kv auto|fp8_e4m3] [--head-size D] [--block-size N] [--kernels auto,mma,unified,decode] "
                    "[--passes N]\n",
                    argv[0]);
       return 2;
     }
   }
-  // Kernel variants to alternate (empty: the environment's choice, one row per case).
-  std::vector<std::pair<std::string, cuda::AttentionKernelChoice>> kernels;
+  // Kernel variants to alternate (empty: the environment's choice, one row per case): auto (every
+  // default), mma (the mma.sync prefill path), unified (no decode-only kernel), decode (the decode-only kernel for every decode batch).
+  struct KernelVariant {
+    std::string name;
+    cuda::AttentionKernelChoice prefill;
+    cuda::DecodeKernelChoice decode;
+  };
+  std::vector<KernelVariant> kernels;
   for (size_t pos = 0; !kernels_arg.empty() && pos <= kernels_arg.size();) {
     const size_t end = std::min(kernels_arg.find(',', pos), kernels_arg.size());
     const std::string k = kernels_arg.substr(pos, end - pos);
     pos = end + 1;
-    const std::pair<const char*, cuda::AttentionKernelChoice> known[] = {
-        {"auto", cuda::AttentionKernelChoice::automatic},
-        {"mma", cuda::AttentionKernelChoice::mma}};
+    const KernelVariant known[] = {
+        {"auto", cuda::AttentionKernelChoice::automatic, cuda::DecodeKernelChoice::automatic},
+        {"mma", cuda::AttentionKernelChoice::mma, cuda::DecodeKernelChoice::automatic},
+        {"unified", cuda::AttentionKernelChoice::automatic, cuda::DecodeKernelChoice::unified},
+        {"decode", cuda::AttentionKernelChoice::automatic, cuda::DecodeKernelChoice::decode}};
     bool found = false;
-    for (const auto& [name, choice] : known) {
-      if (k == name) {
-        kernels.emplace_back(k, choice);
+    for (const KernelVariant& v : known) {
+      if (k == v.name) {
+        kernels.push_back(v);
         found = true;
       }
     }
@@ -353,8 +361,9 @@ int main(int argc, char** argv) {
       const int pass = run / num_kernels;
       std::string kernel_name = "env";
       if (!kernels.empty()) {
-        kernel_name = kernels[run % num_kernels].first;
-        cuda::set_attention_kernel_choice(kernels[run % num_kernels].second);
+        kernel_name = kernels[run % num_kernels].name;
+        cuda::set_attention_kernel_choice(kernels[run % num_kernels].prefill);
+        cuda::set_decode_kernel_choice(kernels[run % num_kernels].decode);
       }
       const BenchResult r = run_case(c, ceil);
       std::fprintf(stderr, "%-8s d%-3d %-9s %-52s %-18s %9.4f ms %6.3f TB/s %7.1f TFLOP/s  %5.1f%% of floor\n",
@@ -372,6 +381,7 @@ int main(int argc, char** argv) {
     }
   }
   cuda::set_attention_kernel_choice(std::nullopt);
+  cuda::set_decode_kernel_choice(std::nullopt);
   js << "\n  ]\n}\n";
   if (out_path.empty()) {
     std::cout << js.str();

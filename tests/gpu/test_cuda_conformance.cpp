@@ -471,6 +471,71 @@ TEST(CudaConformance, ValidateConfigurationNamesWhatIsMissing) {
   EXPECT_NE(reasons_for([](SelectorConfig& c) { c.device = Device::cpu; }).find("device = cpu"), std::string::npos);
 }
 
+// Host-only: a decode batch planned for the decode-only kernel's CTAs balances the waves. 1024
+// equal items (128 requests x 8 kv heads, 4096 keys) on 396 CTAs would run in 3 waves with the
+// last one 59% full; cut in 3 they fill 8 waves of 396 (97%), each (request, kv head) keeps its
+// keys [0, 4096) covered once and gets a combine item. Without the decode-only kernel (264 CTAs,
+// 3.9 waves) nothing is split; a batch with a prefill chunk is not a decode-only plan.
+TEST(CudaPlanner, DecodePlanBalancesWaves) {
+  using namespace pagedattn::cuda;
+  PlannerConfig config;
+  config.group_size = 4;
+  config.num_kv_heads = 8;
+  config.prefill_rows = 128;
+  config.resident_ctas = 264;
+  config.partial_rows_capacity = 1 << 20;
+  config.max_work_items = 1 << 16;
+  config.max_combine_items = 1 << 16;
+  std::vector<int32_t> qsl = {0}, seq_lens;
+  for (int r = 0; r < 128; ++r) {
+    qsl.push_back(qsl.back() + 1);
+    seq_lens.push_back(4096);
+  }
+  const AttentionPlan unified = make_attention_plan(config, qsl, seq_lens);
+  EXPECT_FALSE(unified.decode_kernel);
+  EXPECT_EQ(unified.items.size(), 1024u);
+  EXPECT_TRUE(unified.combine.empty());
+
+  config.decode_resident_ctas = 396;
+  const AttentionPlan plan = make_attention_plan(config, qsl, seq_lens);
+  EXPECT_TRUE(plan.decode_kernel);
+  EXPECT_EQ(plan.items.size(), 3072u);
+  ASSERT_EQ(plan.combine.size(), 1024u);
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> ranges;
+  std::set<int> written_rows;
+  for (const WorkItem& it : plan.items) {
+    EXPECT_NE(it.flags & kItemDecodePath, 0);
+    ASSERT_GE(it.partial_row, 0);
+    for (int r = 0; r < it.num_rows; ++r) EXPECT_TRUE(written_rows.insert(it.partial_row + r).second);
+    ranges[{it.request, it.kv_head}].push_back({it.kv_start, it.kv_end});
+  }
+  EXPECT_EQ(written_rows.size(), static_cast<size_t>(plan.partial_rows));
+  for (auto& [key, list] : ranges) {
+    std::sort(list.begin(), list.end());
+    ASSERT_EQ(list.size(), 3u);
+    int at = 0;
+    for (const auto& [a, b] : list) {
+      EXPECT_EQ(a, at);
+      at = b;
+    }
+    EXPECT_EQ(at, 4096);
+  }
+  for (const CombineItem& c : plan.combine) EXPECT_EQ(c.num_splits, 3);
+
+  // One request of 8192 keys: the best split leaves 3-tile chunks, which the unified kernel runs
+  // (unless the decode-only kernel is forced).
+  const std::vector<int32_t> one_qsl = {0, 1}, one_len = {8192};
+  EXPECT_FALSE(make_attention_plan(config, one_qsl, one_len).decode_kernel);
+  config.force_decode_kernel = true;
+  EXPECT_TRUE(make_attention_plan(config, one_qsl, one_len).decode_kernel);
+  config.force_decode_kernel = false;
+
+  std::vector<int32_t> mixed_qsl = qsl, mixed_lens = seq_lens;
+  mixed_qsl.push_back(mixed_qsl.back() + 40);
+  mixed_lens.push_back(200);
+  EXPECT_FALSE(make_attention_plan(config, mixed_qsl, mixed_lens).decode_kernel);
+}
+
 // Host-only: the cascade plan covers every (kv head, query row) exactly once with keys [0, P)
 // through prefix items and [P, visible end) through the request's items, writes each partial row
 // once, and each combine item points at the prefix states of its own rows.

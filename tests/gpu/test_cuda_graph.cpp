@@ -1,6 +1,7 @@
 // CUDA graphs: one decode step (cache write + attention) is captured ONCE on a padded batch and
 // replayed with different batch contents — other sequence lengths and block tables, padded
-// requests of query length 0 with slot -1, and a mixed step with a 3-token chunk — after only a
+// requests of query length 0 with slot -1, a mixed step with a 3-token chunk and an 8-token
+// prefill chunk (a plan of the other kind than the captured decode plan) — after only a
 // build() per step (the plan lands in the builder's fixed workspace). Each replay is checked
 // against the REFERENCE doing the same step on a host copy of the cache: the outputs within the
 // bf16 tolerance and the WHOLE cache byte-identical (so padded slots were never written).
@@ -122,6 +123,9 @@ TEST(CudaGraph, CaptureOnceReplayWithDifferentBatches) {
       {{1, 1, 1, 1, 1, 0, 0, 0}, {33, 400, 2, 77, 500, 0, 0, 0}},      // 3 padded requests
       {{3, 1, 1, 0, 0, 0, 0, 0}, {90, 260, 0, 0, 0, 0, 0, 0}},         // mixed: a 3-token chunk
       {{1, 0, 0, 0, 0, 0, 0, 0}, {630, 0, 0, 0, 0, 0, 0, 0}},          // one long request (split-KV)
+      // An 8-token chunk (32 packed rows: a prefill-path item) replayed on the kernel captured for
+      // the decode batch (the decode-only kernel at head size 128: its 16-row slices).
+      {{8, 0, 0, 0, 0, 0, 0, 0}, {200, 0, 0, 0, 0, 0, 0, 0}},
   };
   uint64_t seed = 1000;
   for (size_t si = 0; si < steps.size(); ++si) {

@@ -5,6 +5,9 @@
 // sliding windows, ALiBi + soft-cap, sinks + LSE + padding, encoder (non-causal) and cross
 // attention, GQA groups 1..32, block sizes 16 / 64, both layouts, f16 and bf16. Every case draws
 // fresh random inputs and poisons the outputs (the harness).
+// The decode-only kernel (head sizes <= 128) against the REFERENCE on decode batches with every
+// feature, under PAGEDATTN_CUDA_DECODE_KERNEL decode (the decode-only kernel) and unified (the
+// paged attention kernel), and which plans take it under auto.
 // PAGEDATTN_GPU_SMALL_GRID=1 runs every 4th case (the sanitizer runs of scripts/gpu-check).
 #include <gtest/gtest.h>
 
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "../../src/backends/cuda/attention_kernel_choice.h"
+#include "../../src/backends/cuda/cuda_backend_internal.h"
 #include "conformance/harness.h"
 #include "gpu_test_util.h"
 
@@ -146,6 +150,174 @@ TEST(CudaKernelVariants, WgmmaPrefillMatchesReference) {
 TEST(CudaKernelVariants, MmaPrefillMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
   run_all(AttentionKernelChoice::mma, {64, 128, 256}, 0x77AA);
+}
+
+// Restores the environment's decode-kernel choice when the test ends.
+struct DecodeChoiceGuard {
+  explicit DecodeChoiceGuard(cuda::DecodeKernelChoice c) { cuda::set_decode_kernel_choice(c); }
+  ~DecodeChoiceGuard() { cuda::set_decode_kernel_choice(std::nullopt); }
+  DecodeChoiceGuard(const DecodeChoiceGuard&) = delete;
+  DecodeChoiceGuard& operator=(const DecodeChoiceGuard&) = delete;
+};
+
+// Decode batches (every request's query_len * group <= 16 for the first three head layouts):
+// long contexts that split, many short requests, spec-decode rows, contexts inside one tile.
+std::vector<ConformanceCase> decode_cases() {
+  std::vector<conformance::RequestShape> many;
+  for (int i = 0; i < 40; ++i) many.push_back({1 + (i * 97) % 900, 1});
+  const std::vector<std::vector<conformance::RequestShape>> batches = {
+      {{700, 1}, {1500, 1}, {64, 1}, {2100, 1}},
+      many,
+      {{300, 4}, {77, 3}, {500, 2}, {0, 1}},
+      {{0, 1}, {5, 1}, {1, 1}, {63, 1}},
+  };
+  const std::pair<int, int> heads[] = {{8, 2}, {4, 4}, {16, 1}, {12, 4}};
+  std::vector<ConformanceCase> cases;
+  int index = 0;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (int d : {64, 80, 96, 128}) {
+      for (int feature = 0; feature < 6; ++feature, ++index) {
+        ConformanceCase c;
+        c.dtype = dtype;
+        c.head_size = d;
+        c.block_size = index % 3 == 0 ? 64 : index % 3 == 1 ? 16 : 32;
+        c.layout = index % 2 ? KVCacheLayout::HND : KVCacheLayout::NHD;
+        c.num_heads = heads[index % 4].first;
+        c.num_kv_heads = heads[index % 4].second;
+        c.batch = batches[(index / 2) % batches.size()];
+        if (c.num_heads / c.num_kv_heads == 16) c.batch = batches[(index / 2) % 2];  // 16 rows at most
+        c.distribution = index % 2 ? conformance::Distribution::normal : conformance::Distribution::uniform;
+        c.return_lse = index % 2 == 0;
+        switch (feature) {
+          case 0:
+            break;
+          case 1:
+            c.sliding_window = 1 + index * 53 % 400;
+            break;
+          case 2:
+            c.alibi = true;
+            c.soft_cap = 5.f;
+            break;
+          case 3:
+            c.sinks = true;
+            c.return_lse = true;
+            c.pad_tokens = 3;
+            break;
+          case 4:
+            c.kv_cache_dtype = "fp8_e4m3";
+            c.per_head_kv_scales = true;
+            break;
+          case 5:
+            c.kv_cache_dtype = index % 2 ? "fp8_e5m2" : "auto";
+            c.head_size_v = d == 64 ? 32 : 64;
+            break;
+        }
+        cases.push_back(c);
+      }
+    }
+  }
+  if (small_grid()) {
+    std::vector<ConformanceCase> small;
+    for (size_t i = 0; i < cases.size(); i += 4) small.push_back(cases[i]);
+    cases = small;
+  }
+  return cases;
+}
+
+void run_decode_cases(cuda::DecodeKernelChoice choice, uint64_t seed0) {
+  const DecodeChoiceGuard guard(choice);
+  const AttentionBackend& backend = cuda_backend();
+  int run = 0, decode_plans = 0;
+  const std::vector<ConformanceCase> cases = decode_cases();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    ASSERT_TRUE(conformance::unsupported_reasons(backend, Device::cuda, cases[i]).empty()) << cases[i].describe();
+    try {
+      const conformance::CaseInputs inputs = conformance::make_inputs(cases[i], seed0 + 7919 * i);
+      conformance::PreparedRun prepared = conformance::prepare_run(backend, Device::cuda, inputs);
+      const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(prepared.step_metadata.get());
+      ASSERT_NE(md, nullptr);
+      decode_plans += md->decode_kernel ? 1 : 0;
+      conformance::execute(prepared);
+      const conformance::ConformanceResult result =
+          conformance::compare(inputs, conformance::collect(prepared),
+                               conformance::run_backend(conformance::reference(), Device::cpu, inputs));
+      EXPECT_TRUE(result.passed()) << result.describe();
+      ++run;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "CUDA [" << cases[i].describe() << "] threw: " << e.what();
+    }
+  }
+  if (choice == cuda::DecodeKernelChoice::unified) {
+    EXPECT_EQ(decode_plans, 0) << "unified: no plan may use the decode-only kernel";
+  } else {
+    EXPECT_EQ(decode_plans, run) << "decode: every decode batch takes the decode-only kernel";
+  }
+  std::cout << "[ variants ] " << run << " decode cases run, " << decode_plans << " on the decode-only kernel\n";
+}
+
+TEST(CudaKernelVariants, DecodeKernelMatchesReference) {
+  PAGEDATTN_REQUIRE_GPU();
+  run_decode_cases(cuda::DecodeKernelChoice::decode, 0xDEC0);
+}
+
+TEST(CudaKernelVariants, UnifiedDecodeMatchesReference) {
+  PAGEDATTN_REQUIRE_GPU();
+  run_decode_cases(cuda::DecodeKernelChoice::unified, 0x0DEC);
+}
+
+// Which plans take the decode-only kernel under auto: decode batches of head size <= 128 (not 256,
+// not a batch with a prefill chunk, not one request whose split would leave 3-tile chunks).
+// (The smallest batches' choice depends on the SM count; these hold for 100+ SMs.)
+TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
+  PAGEDATTN_REQUIRE_GPU();
+  const DecodeChoiceGuard guard(cuda::DecodeKernelChoice::automatic);
+  const std::vector<conformance::RequestShape> decodes(128, conformance::RequestShape{300, 1});
+  std::vector<conformance::RequestShape> spec = decodes;
+  spec[5] = {300, 4};
+  std::vector<conformance::RequestShape> mixed = decodes;
+  mixed[7] = {0, 40};
+  const auto plan_uses_decode_kernel = [](int head_size, std::vector<conformance::RequestShape> batch,
+                                          int num_kv_heads = 2) {
+    ConformanceCase c;
+    c.dtype = DType::bf16;
+    c.head_size = head_size;
+    c.num_heads = 4 * num_kv_heads;
+    c.num_kv_heads = num_kv_heads;
+    c.batch = std::move(batch);
+    const conformance::CaseInputs inputs = conformance::make_inputs(c, 11);
+    const conformance::PreparedRun run = conformance::prepare_run(cuda_backend(), Device::cuda, inputs);
+    const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(run.step_metadata.get());
+    EXPECT_NE(md, nullptr);
+    return md != nullptr && md->decode_kernel;
+  };
+  EXPECT_TRUE(plan_uses_decode_kernel(128, decodes));
+  EXPECT_TRUE(plan_uses_decode_kernel(64, spec));
+  EXPECT_FALSE(plan_uses_decode_kernel(256, decodes));
+  EXPECT_FALSE(plan_uses_decode_kernel(128, mixed));
+  // One request over 8 kv heads: filling the device leaves 3-tile chunks (the unified kernel's).
+  EXPECT_FALSE(plan_uses_decode_kernel(128, {{8000, 1}}, 8));
+  {
+    const DecodeChoiceGuard forced(cuda::DecodeKernelChoice::decode);
+    EXPECT_TRUE(plan_uses_decode_kernel(128, {{8000, 1}}, 8));
+  }
+  {
+    const DecodeChoiceGuard unified(cuda::DecodeKernelChoice::unified);
+    EXPECT_FALSE(plan_uses_decode_kernel(128, decodes));
+  }
+}
+
+TEST(CudaKernelVariants, DecodeKernelEnvValues) {
+  EXPECT_EQ(cuda::parse_decode_kernel_choice(nullptr), cuda::DecodeKernelChoice::automatic);
+  EXPECT_EQ(cuda::parse_decode_kernel_choice("auto"), cuda::DecodeKernelChoice::automatic);
+  EXPECT_EQ(cuda::parse_decode_kernel_choice("unified"), cuda::DecodeKernelChoice::unified);
+  EXPECT_EQ(cuda::parse_decode_kernel_choice("decode"), cuda::DecodeKernelChoice::decode);
+  try {
+    cuda::parse_decode_kernel_choice("fused");
+    ADD_FAILURE() << "no Error for an unknown value";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("PAGEDATTN_CUDA_DECODE_KERNEL"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fused"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaKernelVariants, PrefillKernelEnvValues) {

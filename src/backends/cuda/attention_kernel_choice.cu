@@ -16,8 +16,9 @@
 namespace pagedattn::cuda {
 namespace {
 
-// -1: no override; else an AttentionKernelChoice.
+// -1: no override; else an AttentionKernelChoice / DecodeKernelChoice.
 std::atomic<int> g_override{-1};
+std::atomic<int> g_decode_override{-1};
 
 // Built for sm_90a, the probe has no static shared memory; built for another target it has a
 // marker array, which cudaFuncGetAttributes reports (the device then runs that other image).
@@ -55,6 +56,31 @@ AttentionKernelChoice attention_kernel_choice() {
 
 void set_attention_kernel_choice(std::optional<AttentionKernelChoice> choice) {
   g_override.store(choice ? static_cast<int>(*choice) : -1, std::memory_order_relaxed);
+}
+
+DecodeKernelChoice parse_decode_kernel_choice(const char* value) {
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return DecodeKernelChoice::automatic;
+  if (std::string_view(value) == "decode") return DecodeKernelChoice::decode;
+  PAGEDATTN_CHECK(std::string_view(value) == "unified", "PAGEDATTN_CUDA_DECODE_KERNEL",
+                  "PAGEDATTN_CUDA_DECODE_KERNEL = \"", value,
+                  "\" is not a decode kernel choice: expected auto (the decode-only kernel for batches of decodes, "
+                  "head sizes <= 128, but for the smallest), decode (for every batch of decodes) or unified (the "
+                  "paged attention kernel for every batch)");
+  return DecodeKernelChoice::unified;
+}
+
+DecodeKernelChoice decode_kernel_choice() {
+  const int forced = g_decode_override.load(std::memory_order_relaxed);
+  if (forced >= 0) return static_cast<DecodeKernelChoice>(forced);
+  static const std::string saved = [] {
+    const char* env = std::getenv("PAGEDATTN_CUDA_DECODE_KERNEL");
+    return std::string(env != nullptr ? env : "");
+  }();
+  return parse_decode_kernel_choice(saved.c_str());
+}
+
+void set_decode_kernel_choice(std::optional<DecodeKernelChoice> choice) {
+  g_decode_override.store(choice ? static_cast<int>(*choice) : -1, std::memory_order_relaxed);
 }
 
 bool wgmma_kernels_available() {

@@ -36,6 +36,19 @@ AttentionKernelChoice parse_prefill_kernel_choice(const char* value);
 // the same choice; when they do not, the results are still exact (see above).
 void set_attention_kernel_choice(std::optional<AttentionKernelChoice> choice);
 
+// Decode-only kernel (paged_attention_kernel.cuh, head sizes <= 128): the builder plans a batch
+// whose items are all decode-path items (every request's query_len * group <= 16; no cascade) for
+// it. PAGEDATTN_CUDA_DECODE_KERNEL (read once): "auto" (default: the decode-only kernel unless the
+// batch is so small that its best split leaves chunks under 8 tiles, which the unified kernel's
+// deeper pipeline runs faster), "decode" (the decode-only kernel for every decode batch) or
+// "unified" (every plan runs the paged attention kernel). Any other value is an Error naming the
+// variable. The choice is read when a plan is built; the plan records which kernel runs it.
+enum class DecodeKernelChoice { automatic, unified, decode };
+DecodeKernelChoice decode_kernel_choice();
+DecodeKernelChoice parse_decode_kernel_choice(const char* value);
+// Tests and benchmarks: force a choice for the plans built after the call (nullopt = environment).
+void set_decode_kernel_choice(std::optional<DecodeKernelChoice> choice);
+
 // Whether the current device loads the sm_90a (wgmma) image of this build's kernels.
 bool wgmma_kernels_available();
 

@@ -1,5 +1,6 @@
 // Definitions of the per-head-size launch helpers; each paged_attention_d<D>.cu instantiates
-// them for one head size (so the six head sizes compile in parallel).
+// them for one head size (so the six head sizes compile in parallel): the paged attention kernel
+// and, for head sizes <= 128, the decode-only kernel.
 //
 // Kernel variants (attention_kernel_choice.h): a launch runs the variant that
 // attention_kernel_choice() and the device select for its (D, cache, head sizes); the builder's
@@ -51,9 +52,29 @@ void with_kernel_variant(int variant, F&& f) {
   return f.template operator()<kVariantMma>();
 }
 
+// The decode-only kernel (paged_attention_kernel.cuh): shared-memory limit raised once per device.
+template <int D, typename T, bool kFp8>
+void configure_decode_kernel() {
+  static std::atomic<uint64_t> configured_devices{0};
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((configured_devices.load() & bit) != 0) return;
+  cudaFuncSetAttribute(paged_decode_kernel<D, T, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       DecodeKernelTraits<D, T, kFp8>::kSmemBytes);
+  check_launch("cudaFuncSetAttribute(paged_decode_kernel)");
+  configured_devices.fetch_or(bit);
+}
+
 template <int D, typename T, bool kFp8>
 AttentionKernelInfo attention_kernel_info_for() {
   AttentionKernelInfo info;
+  if constexpr (DecodeKernelTraits<D, T, kFp8>::kExists) {
+    configure_decode_kernel<D, T, kFp8>();
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.decode_ctas_per_sm, paged_decode_kernel<D, T, kFp8>,
+                                                  kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kSmemBytes);
+    check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_decode_kernel)");
+  }
   with_kernel_variant<D, kFp8>(select_kernel_variant<D, kFp8>(true), [&]<int kVariant>() {
     using V = KernelVariantTraits<D, T, kFp8, kVariant>;
     configure_kernel<D, T, kFp8, kVariant>();
@@ -77,7 +98,16 @@ AttentionKernelInfo attention_kernel_info_d(DType activation, bool fp8_kv) {
 }
 
 template <int D, typename T, bool kFp8>
-void launch_for(const AttentionKernelParams& params, int grid, cudaStream_t stream) {
+void launch_for(const AttentionKernelParams& params, int grid, bool decode_kernel, cudaStream_t stream) {
+  if constexpr (DecodeKernelTraits<D, T, kFp8>::kExists) {
+    if (decode_kernel) {
+      configure_decode_kernel<D, T, kFp8>();
+      paged_decode_kernel<D, T, kFp8>
+          <<<grid, kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kSmemBytes, stream>>>(params);
+      check_launch("paged_decode_kernel");
+      return;
+    }
+  }
   const bool equal_dims = params.head_size_qk == D && params.head_size_v == D;
   with_kernel_variant<D, kFp8>(select_kernel_variant<D, kFp8>(equal_dims), [&]<int kVariant>() {
     configure_kernel<D, T, kFp8, kVariant>();
@@ -89,13 +119,14 @@ void launch_for(const AttentionKernelParams& params, int grid, cudaStream_t stre
 
 template <int D>
 void launch_paged_attention_d(const AttentionKernelParams& params, DType activation, bool fp8_kv,
-                              int grid, void* stream) {
+                              int grid, bool decode_kernel, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (activation == DType::bf16) {
-    fp8_kv ? launch_for<D, __nv_bfloat16, true>(params, grid, s)
-           : launch_for<D, __nv_bfloat16, false>(params, grid, s);
+    fp8_kv ? launch_for<D, __nv_bfloat16, true>(params, grid, decode_kernel, s)
+           : launch_for<D, __nv_bfloat16, false>(params, grid, decode_kernel, s);
   } else {
-    fp8_kv ? launch_for<D, __half, true>(params, grid, s) : launch_for<D, __half, false>(params, grid, s);
+    fp8_kv ? launch_for<D, __half, true>(params, grid, decode_kernel, s)
+           : launch_for<D, __half, false>(params, grid, decode_kernel, s);
   }
 }
 

@@ -5,7 +5,13 @@
 // CTA count:
 //   [PlanHeader][WorkItem x max_items][CombineItem x max_combine][block table copy]
 //   [slot_mapping copy][partial out f32 (rows, Dv)][partial LSE f32 (rows,)]
-// Partial rows: 2 * resident CTAs * 64 for split-KV, plus 2 * C * num_heads when the group can
+// Plans: decode batches (every request's query_len * group <= 16, no cascade) are planned for
+// the decode-only kernel (3 CTAs per SM, wave-balanced splits) unless PAGEDATTN_CUDA_DECODE_KERNEL
+// = unified; the paged attention kernel runs every other plan. Each kernel computes any plan
+// exactly, so a graph captures the kernel of its capture plan and replays any later plan with it
+// (fast when the kinds match, as in vLLM's decode graphs).
+// Partial rows: max(2 * resident CTAs * 64, 4 * max_num_seqs * num_heads) for split-KV, plus
+// 2 * C * num_heads when the group can
 // take the cascade path (decoder, no window, no ALiBi): the prefix states and the requests'
 // states of a cascade batch, C = min(max_num_batched_tokens, kCascadeMaxTokens) tokens (33 MB at
 // 32 heads, Dv 128). A batch of more tokens attends the prefix in one pass (use_cascade false).
@@ -57,6 +63,8 @@ struct CudaAttentionMetadata final : AttentionMetadata {
   int num_combine_items = 0;
   int attention_grid = 0;              // CTAs when not capturing
   int resident_ctas = 0;               // CTAs when capturing (graph-safe)
+  bool decode_kernel = false;          // the plan is for the decode-only kernel
+  int decode_resident_ctas = 0;        // its CTAs when capturing
   int combine_grid_capacity = 0;       // combine CTAs when capturing
   bool for_cudagraph = false;
   // Device plan (builder workspace).
@@ -101,6 +109,7 @@ class CudaMetadataBuilder final : public AttentionMetadataBuilder {
   bool cascade_possible_ = false;  // decoder, no sliding window, no ALiBi
   int cascade_max_tokens_ = 0;     // the largest batch (tokens) planned as cascade
   int resident_ctas_ = 0;
+  int decode_resident_ctas_ = 0;   // the decode-only kernel's; 0: none for this head size
   int max_block_table_cols_ = 0;
   int64_t max_slots_ = 0;
   // Workspace layout (byte offsets).

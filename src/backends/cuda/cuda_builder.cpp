@@ -9,6 +9,7 @@
 #include <cstring>
 #include <span>
 
+#include "backends/cuda/attention_kernel_choice.h"
 #include "backends/cuda/cuda_backend_internal.h"
 #include "backends/cuda/kernel_launch.h"
 #include "pagedattn/device.h"
@@ -59,6 +60,7 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   const AttentionKernelInfo info = attention_kernel_info(kernel_head_size, DType::bf16, is_fp8(spec_.dtype));
   const int sms = config_.num_sms > 0 ? config_.num_sms : current_device_sm_count();
   resident_ctas_ = std::max(1, info.ctas_per_sm) * sms;
+  decode_resident_ctas_ = info.decode_ctas_per_sm * sms;  // 0: no decode-only kernel for this head size
 
   planner_.group_size = config_.num_heads / config_.num_kv_heads;
   planner_.num_kv_heads = config_.num_kv_heads;
@@ -73,11 +75,17 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   cascade_max_tokens_ = std::min(config_.max_num_batched_tokens, kCascadeMaxTokens);
   const int64_t cascade_rows =
       cascade_possible_ ? 2 * static_cast<int64_t>(cascade_max_tokens_) * config_.num_heads : 0;
-  const int64_t partial_rows = 2 * static_cast<int64_t>(resident_ctas_) * 64 + cascade_rows;
+  // Split-KV states: 64 rows per CTA twice over; decode-only plans (wave-balanced splits of
+  // every item) about 4 splits of every request's heads. Items: every unsplit item cut up to 4
+  // times beside the fill-the-device splits; combine groups: one per unsplit item.
+  const int64_t max_resident = std::max(resident_ctas_, decode_resident_ctas_);
+  const int64_t decode_split_rows =
+      decode_resident_ctas_ > 0 ? 4 * static_cast<int64_t>(config_.max_num_seqs) * config_.num_heads : 0;
+  const int64_t partial_rows = std::max(2 * max_resident * 64, decode_split_rows) + cascade_rows;
   const int64_t max_items =
-      max_unsplit + 3 * static_cast<int64_t>(resident_ctas_) +
+      4 * max_unsplit + 3 * max_resident +
       (cascade_possible_ ? max_prefix_work_items(planner_, cascade_max_tokens_) : 0);
-  const int64_t max_combine = resident_ctas_ + (cascade_possible_ ? max_unsplit : 0);
+  const int64_t max_combine = max_resident + max_unsplit;
   PAGEDATTN_CHECK(partial_rows <= INT32_MAX && max_items <= INT32_MAX, "config",
                   "CUDA builder: max_num_seqs = ", config_.max_num_seqs, ", max_num_batched_tokens = ",
                   config_.max_num_batched_tokens, " with num_heads = ", config_.num_heads,
@@ -196,6 +204,11 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   }
   PlannerConfig planner = planner_;
   planner.causal = config_.attn_type == AttentionType::decoder && common.causal;
+  // Decode batches are planned for the decode-only kernel (a graph captured then runs that kernel,
+  // which computes any later plan too, only prefill items more slowly).
+  const DecodeKernelChoice decode_choice = decode_kernel_choice();
+  planner.decode_resident_ctas = decode_choice != DecodeKernelChoice::unified ? decode_resident_ctas_ : 0;
+  planner.force_decode_kernel = decode_choice == DecodeKernelChoice::decode;
   const int prefix = cascade_prefix(common_prefix_len, common, planner.causal);
   const AttentionPlan plan = make_attention_plan(planner, query_start_loc, seq_lens, prefix);
 
@@ -266,7 +279,9 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   md->num_work_items = header.num_work_items;
   md->num_combine_items = header.num_combine_items;
   md->resident_ctas = resident_ctas_;
-  md->attention_grid = std::min(header.num_work_items, resident_ctas_);
+  md->decode_kernel = plan.decode_kernel;
+  md->decode_resident_ctas = decode_resident_ctas_;
+  md->attention_grid = std::min(header.num_work_items, plan.decode_kernel ? decode_resident_ctas_ : resident_ctas_);
   md->combine_grid_capacity = std::max(1, std::min(planner_.max_combine_items, resident_ctas_));
   md->for_cudagraph = for_cudagraph;
   md->header = reinterpret_cast<const PlanHeader*>(ws);

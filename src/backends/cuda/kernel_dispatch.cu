@@ -11,7 +11,7 @@ template <int D>
 AttentionKernelInfo attention_kernel_info_d(DType activation, bool fp8_kv);
 template <int D>
 void launch_paged_attention_d(const AttentionKernelParams& params, DType activation, bool fp8_kv, int grid,
-                              void* stream);
+                              bool decode_kernel, void* stream);
 
 bool attention_head_size_supported(int head_size) {
   for (int h : kSupportedHeadSizes) {
@@ -35,15 +35,15 @@ AttentionKernelInfo attention_kernel_info(int head_size, DType activation, bool 
 }
 
 void launch_paged_attention(const AttentionKernelParams& params, int head_size, DType activation, bool fp8_kv,
-                            int grid, void* stream) {
+                            int grid, bool decode_kernel, void* stream) {
   if (grid <= 0) return;
   switch (head_size) {
-    case 64: return launch_paged_attention_d<64>(params, activation, fp8_kv, grid, stream);
-    case 80: return launch_paged_attention_d<80>(params, activation, fp8_kv, grid, stream);
-    case 96: return launch_paged_attention_d<96>(params, activation, fp8_kv, grid, stream);
-    case 128: return launch_paged_attention_d<128>(params, activation, fp8_kv, grid, stream);
-    case 192: return launch_paged_attention_d<192>(params, activation, fp8_kv, grid, stream);
-    case 256: return launch_paged_attention_d<256>(params, activation, fp8_kv, grid, stream);
+    case 64: return launch_paged_attention_d<64>(params, activation, fp8_kv, grid, decode_kernel, stream);
+    case 80: return launch_paged_attention_d<80>(params, activation, fp8_kv, grid, decode_kernel, stream);
+    case 96: return launch_paged_attention_d<96>(params, activation, fp8_kv, grid, decode_kernel, stream);
+    case 128: return launch_paged_attention_d<128>(params, activation, fp8_kv, grid, decode_kernel, stream);
+    case 192: return launch_paged_attention_d<192>(params, activation, fp8_kv, grid, decode_kernel, stream);
+    case 256: return launch_paged_attention_d<256>(params, activation, fp8_kv, grid, decode_kernel, stream);
     default:
       throw Error("head_size", detail::concat("CUDA: head_size = ", head_size,
                                               " has no kernel: expected 64, 80, 96, 128, 192 or 256"));

@@ -19,14 +19,16 @@ struct AttentionKernelInfo {
   int smem_bytes = 0;       // dynamic shared memory per CTA
   int ctas_per_sm = 0;      // resident CTAs per multiprocessor (occupancy)
   int rows_prefill = 0;     // rows of a prefill-path item
+  int decode_ctas_per_sm = 0;  // the decode-only kernel's occupancy; 0: none for this head size
 };
 // Sets the kernel's shared-memory attribute on the current device (once) and reports its
 // occupancy. activation: f16 or bf16; fp8_kv: the cache holds fp8.
 AttentionKernelInfo attention_kernel_info(int head_size, DType activation, bool fp8_kv);
 
-// Launches the paged attention kernel with `grid` persistent CTAs.
+// Launches the paged attention kernel with `grid` persistent CTAs; decode_kernel: the decode-only
+// kernel instead (every item of the plan is a decode-path item; decode_ctas_per_sm > 0).
 void launch_paged_attention(const AttentionKernelParams& params, int head_size, DType activation,
-                            bool fp8_kv, int grid, void* stream);
+                            bool fp8_kv, int grid, bool decode_kernel, void* stream);
 
 // Merges split partials (CombineItem list) into the output; `grid` persistent CTAs.
 void launch_combine_splits(const CombineKernelParams& params, DType activation, int grid,

@@ -4,5 +4,5 @@
 
 namespace pagedattn::cuda {
 template AttentionKernelInfo attention_kernel_info_d<64>(DType, bool);
-template void launch_paged_attention_d<64>(const AttentionKernelParams&, DType, bool, int, void*);
+template void launch_paged_attention_d<64>(const AttentionKernelParams&, DType, bool, int, bool, void*);
 }  // namespace pagedattn::cuda

@@ -34,6 +34,8 @@
 // kVariantWgmma (16-bit caches, D = 64 / 128 / 256, sm_90a) the Hopper wgmma prefill path of
 // paged_prefill_wgmma.cuh instead (the default there; PAGEDATTN_CUDA_PREFILL_KERNEL=mma forces
 // mma.sync).
+// Decode-only kernel (paged_decode_kernel, end of file; head sizes <= 128): the decode path alone
+// with 2 stages, 3 CTAs per SM, for plans of decodes (the builder's choice, planner.h).
 // fp8 caches: raw fp8 tiles are staged, then converted (exactly) to the activation type in
 // shared memory before the MMAs; k_scale is folded into the logit scale, v_scale applied to o.
 //
@@ -409,10 +411,11 @@ __device__ __forceinline__ void init_row_state(const AttentionKernelParams& p, c
 
 // ---- decode path: 16 rows, the warps split each tile's keys ------------------------------------
 
-template <int D, typename T, bool kFp8>
+// kStages: pipeline depth (the unified kernel's Tr::kDecodeStages; the decode-only kernel runs 2
+// stages so that 3 CTAs fit an SM).
+template <int D, typename T, bool kFp8, int kStages = AttentionTraits<D, T, kFp8>::kDecodeStages>
 __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContext& ctx, char* smem) {
   using Tr = AttentionTraits<D, T, kFp8>;
-  constexpr int kStages = Tr::kDecodeStages;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int quad_row = lane >> 2;  // rows quad_row, quad_row + 8
@@ -827,6 +830,53 @@ __global__ void __launch_bounds__(kThreadsPerCta, KernelVariantTraits<D, T, kFp8
       run_prefill_item<D, T, kFp8>(p, ctx, smem);
     }
     __syncthreads();  // shared memory is reused by the next item
+  }
+}
+
+// ---- the decode-only kernel ----------------------------------------------------------------
+// For plans whose items are all decode-path items (the builder's choice, attention_plan.h): the
+// same decode path with a 2-stage pipeline and no prefill path, so the registers (<= 168) and the
+// shared memory (D = 128: 74 KB) let 3 CTAs share an SM instead of 2. It still computes any plan
+// exactly (prefill-path items in 16-row slices), so a graph captured with it replays any plan. A decode item's math is
+// latency-bound (one 16-row MMA chain per warp per tile), so it is the number of independent CTAs
+// per SM, not the pipeline depth, that hides it behind the copies (bench/kv_access_probe.cu
+// measured both: 3-stage CTAs x 2 lose 20-25% of their copy rate to a decode tile's worth of
+// math, 2-stage CTAs x 3 about 5%). Head sizes <= 128 (beyond, the o accumulators alone would
+// need 128 registers).
+template <int D, typename T, bool kFp8>
+struct DecodeKernelTraits {
+  using Tr = AttentionTraits<D, T, kFp8>;
+  static constexpr bool kExists = D <= 128;
+  static constexpr int kStages = 2;
+  static constexpr int kSmemBytes = kDecodeRows * Tr::kRowStride * 2 + kStages * Tr::kStageBytes + Tr::kConvertedBytes;
+  static_assert(Tr::kMergeBytes <= kSmemBytes - kDecodeRows * Tr::kRowStride * 2);
+  static constexpr int kMinCtasPerSm = 3;
+};
+
+template <int D, typename T, bool kFp8>
+__global__ void __launch_bounds__(kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kMinCtasPerSm)
+    paged_decode_kernel(const AttentionKernelParams p) {
+  static_assert(DecodeKernelTraits<D, T, kFp8>::kExists);
+  extern __shared__ __align__(128) char smem[];
+  constexpr int kStages = DecodeKernelTraits<D, T, kFp8>::kStages;
+  const int num_items = p.header->num_work_items;
+  for (int i = blockIdx.x; i < num_items; i += gridDim.x) {
+    const WorkItem item = p.items[i];
+    if (item.flags & kItemDecodePath) {
+      run_decode_item<D, T, kFp8, kStages>(p, make_item_context(p, item), smem);
+      __syncthreads();  // shared memory is reused by the next item
+      continue;
+    }
+    // A prefill-path item: only when a graph captured with a decode-only plan replays another
+    // plan. Exact, not fast: 16-row slices through the decode path, each over the item's keys.
+    for (int r0 = 0; r0 < item.num_rows; r0 += kDecodeRows) {
+      WorkItem slice = item;
+      slice.row_start += r0;
+      slice.num_rows = min(kDecodeRows, item.num_rows - r0);
+      if (slice.partial_row >= 0) slice.partial_row += r0;
+      run_decode_item<D, T, kFp8, kStages>(p, make_item_context(p, slice), smem);
+      __syncthreads();
+    }
   }
 }
 

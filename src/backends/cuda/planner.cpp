@@ -7,6 +7,9 @@
 // Split-KV: when the items are fewer than the resident CTAs, long ranges are cut into chunks of
 // about total_tiles / resident_ctas tiles (at least kMinTilesPerSplit), boundaries aligned to a
 // 64-key tile, so one launch fills the device (flash-decoding); the combine kernel merges them.
+// Decode-only plans (the decode-only kernel, more resident CTAs) also split when the items
+// outnumber the CTAs but would leave the last wave short (choose_decode_chunk).
+
 // Cascade (common prefix P): prefix items over keys [0, P) for every query row of the batch
 // (tiles of packed global rows, one set per kv head), the requests' items over [P, seq_len);
 // all write partials (the prefix ones at (split, kv head, global row)) and every request item
@@ -17,6 +20,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
 #include "pagedattn/error.h"
 
@@ -24,6 +28,7 @@ namespace pagedattn::cuda {
 namespace {
 
 constexpr int kMinTilesPerSplit = 2;
+constexpr int64_t kMinDecodeKernelChunk = 8;  // tiles of a split item on the decode-only kernel
 
 int tiles_of(const KeyRange& r) {
   if (r.end <= r.start) return 0;
@@ -81,6 +86,59 @@ WorkItem split_part(const WorkItem& it, int s, int n) {
   }
   part.flags = (it.flags & kItemDecodePath) | (s == 0 ? (it.flags & kItemOwnsSink) : 0);
   return part;
+}
+
+// Decode-only plans: an item costs about its tiles plus a fixed overhead (Q load, pipeline fill,
+// warp merge), and the persistent CTAs take the cost-sorted items in turn, so the time is about
+// max(largest item, ceil(items / CTAs) * mean item) (decode items are near-equal), plus the
+// combine launch once anything is split. Returns the chunk size (tiles) with the smallest such
+// estimate among: no split (0), total / CTAs (fill the CTAs once) and the median item cut in 2..8,
+// leaving out chunkings that exceed the workspace.
+int64_t choose_decode_chunk(const PlannerConfig& config, const std::vector<WorkItem>& base, int64_t resident) {
+  constexpr double kItemOverhead = 1.5;  // tiles
+  constexpr double kCombineCost = 2.0;   // tiles
+  std::vector<int64_t> tiles(base.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < base.size(); ++i) {
+    tiles[i] = tiles_of(KeyRange{base[i].kv_start, base[i].kv_end});
+    total += tiles[i];
+  }
+  std::vector<int64_t> sorted = tiles;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2), sorted.end());
+  const int64_t median = sorted[sorted.size() / 2];
+  const auto estimate = [&](int64_t chunk) {
+    int64_t items = 0, rows = 0, groups = 0;
+    double sum = 0.0, largest = 0.0;
+    for (size_t i = 0; i < base.size(); ++i) {
+      const int64_t most = std::max<int64_t>(1, std::min<int64_t>(config.max_splits, tiles[i] / kMinTilesPerSplit));
+      const int64_t n = chunk <= 0 ? 1 : std::clamp<int64_t>((tiles[i] + chunk / 2) / chunk, 1, most);
+      items += n;
+      sum += static_cast<double>(tiles[i]) + kItemOverhead * static_cast<double>(n);
+      largest = std::max(largest, static_cast<double>((tiles[i] + n - 1) / n) + kItemOverhead);
+      if (n > 1) {
+        rows += n * base[i].num_rows;
+        ++groups;
+      }
+    }
+    const bool fits = rows <= config.partial_rows_capacity && items <= config.max_work_items &&
+                      groups <= config.max_combine_items;
+    const double waves = static_cast<double>((items + resident - 1) / resident);
+    const double time = std::max(largest, waves * sum / static_cast<double>(items)) + (groups > 0 ? kCombineCost : 0.0);
+    return std::pair<bool, double>(fits, time);
+  };
+  int64_t best = 0;
+  double best_time = estimate(0).second;
+  std::vector<int64_t> candidates = {(total + resident - 1) / resident};
+  for (int64_t n = 2; n <= 8; ++n) candidates.push_back((median + n - 1) / n);
+  for (int64_t chunk : candidates) {
+    if (chunk < kMinTilesPerSplit) continue;
+    const auto [fits, time] = estimate(chunk);
+    if (fits && time < best_time) {
+      best = chunk;
+      best_time = time;
+    }
+  }
+  return best;
 }
 
 }  // namespace
@@ -148,15 +206,32 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
   }
   const bool has_prefix = base.size() > num_suffix;
 
-  // 2. Split-KV when the unsplit items leave CTAs idle. Under cascade every item writes partial
-  //    states (prefix items: the same split count for all, as they share one key range).
+  // 2. Split-KV when the unsplit items leave CTAs idle (decode-only plans: when that balances the
+  //    waves). Under cascade every item writes partial states (prefix items: the same split count
+  //    for all, as they share one key range).
   std::vector<int> splits(base.size(), 1);
   const int64_t num_base = static_cast<int64_t>(base.size());
-  if (config.allow_split && num_base > 0 && num_base < config.resident_ctas) {
+  int64_t ideal = 0;  // chunk size in tiles; 0: no split
+  plan.decode_kernel = !has_prefix && config.decode_resident_ctas > 0 && !base.empty() &&
+                       std::all_of(base.begin(), base.end(),
+                                   [](const WorkItem& it) { return (it.flags & kItemDecodePath) != 0; });
+  if (plan.decode_kernel && config.allow_split) {
+    ideal = choose_decode_chunk(config, base, config.decode_resident_ctas);
+    // Chunks this short are mostly pipeline fill: the unified kernel's deeper pipeline runs them
+    // faster (one 8k request: 3-tile chunks on the decode-only kernel 1.22 TB/s, 4-tile chunks
+    // on the unified kernel 1.31).
+    if (ideal > 0 && ideal < kMinDecodeKernelChunk && !config.force_decode_kernel) {
+      plan.decode_kernel = false;
+      ideal = 0;
+    }
+  }
+  const int resident = plan.decode_kernel ? config.decode_resident_ctas : config.resident_ctas;
+  if (!plan.decode_kernel && config.allow_split && num_base > 0 && num_base < resident) {
     int64_t total_tiles = 0;
     for (const WorkItem& it : base) total_tiles += tiles_of(KeyRange{it.kv_start, it.kv_end});
-    int64_t ideal = std::max<int64_t>(kMinTilesPerSplit,
-                                      (total_tiles + config.resident_ctas - 1) / config.resident_ctas);
+    ideal = std::max<int64_t>(kMinTilesPerSplit, (total_tiles + resident - 1) / resident);
+  }
+  if (ideal > 0) {
     for (;;) {
       int64_t partial_rows = 0;
       int64_t num_items = 0;
@@ -243,7 +318,7 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
   // 4. Order: costliest first, boustrophedon over the resident CTAs.
   std::stable_sort(plan.items.begin(), plan.items.end(),
                    [](const WorkItem& a, const WorkItem& b) { return item_cost(a) > item_cost(b); });
-  const size_t band = static_cast<size_t>(std::max(1, config.resident_ctas));
+  const size_t band = static_cast<size_t>(std::max(1, resident));
   for (size_t start = band, b = 1; start < plan.items.size(); start += band, ++b) {
     if (b % 2 == 1) {
       const size_t end = std::min(plan.items.size(), start + band);

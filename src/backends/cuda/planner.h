@@ -22,6 +22,8 @@ struct PlannerConfig {
   int num_kv_heads = 1;
   int prefill_rows = 128;        // rows of a prefill-path item (prefill_rows_for_head_size)
   int resident_ctas = 1;         // CTAs of the kernel resident at once on the device
+  int decode_resident_ctas = 0;  // those of the decode-only kernel; 0: plans never use it
+  bool force_decode_kernel = false;  // decode batches take it even when their chunks are short
   bool positional = true;        // false: cross-attention (every key visible)
   bool causal = true;
   std::optional<int> sliding_window;  // W: |k - p| <= W - 1 (causal: p - k <= W - 1)
@@ -39,6 +41,7 @@ struct AttentionPlan {
   int cascade_prefix = 0;        // P > 0: the plan splits every request's keys at P
   int prefix_items = 0;          // work items over the shared prefix (after splits)
   int prefix_splits = 0;         // splits of each prefix row group (cascade)
+  bool decode_kernel = false;    // every item is a decode-path item: the decode-only kernel runs it
 };
 
 // Visible key range [start, end) of the rows of tokens [t0, t1] of a request (query_len q,
@@ -49,6 +52,9 @@ struct KeyRange {
 };
 KeyRange visible_key_range(const PlannerConfig& config, int query_len, int seq_len, int t0, int t1);
 
+// Decode-only plans (config.decode_resident_ctas > 0, every item a decode-path item, no cascade):
+// the items are split so that the persistent CTAs finish together (wave balance), not only when
+// they are fewer than the CTAs; see make_attention_plan.
 // query_start_loc (num_reqs + 1), seq_lens (num_reqs). Throws Error naming "metadata" when the
 // plan would exceed the configured capacities.
 // cascade_prefix P > 0 (the caller checked: causal decoder, no window / ALiBi, P <= every
