@@ -64,18 +64,31 @@ struct Args {
   unsigned* sink;
 };
 
+// This CTA's work item (blockIdx.x = (request, head group, split)) and its steps of kT tokens.
+struct ItemSteps {
+  int group, step0, step1;
+  const int* block_table;  // the request's row
+};
+__device__ __forceinline__ ItemSteps item_steps(const Args& a, int tokens_per_step) {
+  const int item = blockIdx.x;
+  const int split = item % a.splits;
+  const int req = item / (a.splits * a.groups);
+  const int steps_total = a.context / tokens_per_step;
+  ItemSteps r;
+  r.group = (item / a.splits) % a.groups;
+  r.step0 = static_cast<int>(static_cast<int64_t>(steps_total) * split / a.splits);
+  r.step1 = static_cast<int>(static_cast<int64_t>(steps_total) * (split + 1) / a.splits);
+  r.block_table = a.block_table + static_cast<int64_t>(req) * a.bt_stride;
+  return r;
+}
+
 template <int kHc, int kT, int kStages, bool kHnd>
 __global__ void probe(Args a) {
   extern __shared__ uint4 smem[];
   constexpr int kChunks = kT * kHc * kChunksPerRow;  // 16-byte chunks of K (or V) per stage
-  const int item = blockIdx.x;
-  const int split = item % a.splits;
-  const int group = (item / a.splits) % a.groups;
-  const int req = item / (a.splits * a.groups);
-  const int steps_total = a.context / kT;
-  const int step0 = static_cast<int>(static_cast<int64_t>(steps_total) * split / a.splits);
-  const int step1 = static_cast<int>(static_cast<int64_t>(steps_total) * (split + 1) / a.splits);
-  const int* bt = a.block_table + static_cast<int64_t>(req) * a.bt_stride;
+  const ItemSteps it = item_steps(a, kT);
+  const int group = it.group, step0 = it.step0, step1 = it.step1;
+  const int* bt = it.block_table;
 
   const auto issue = [&](int step) {
     if (step < step1) {
@@ -130,14 +143,9 @@ template <int kT, int kStages, bool kSplit>
 __global__ void pipeline_probe(Args a, int delay) {
   extern __shared__ uint4 smem[];
   constexpr int kChunks = kT * kChunksPerRow;
-  const int item = blockIdx.x;
-  const int split = item % a.splits;
-  const int group = (item / a.splits) % a.groups;
-  const int req = item / (a.splits * a.groups);
-  const int steps_total = a.context / kT;
-  const int step0 = static_cast<int>(static_cast<int64_t>(steps_total) * split / a.splits);
-  const int step1 = static_cast<int>(static_cast<int64_t>(steps_total) * (split + 1) / a.splits);
-  const int* bt = a.block_table + static_cast<int64_t>(req) * a.bt_stride;
+  const ItemSteps it = item_steps(a, kT);
+  const int group = it.group, step0 = it.step0, step1 = it.step1;
+  const int* bt = it.block_table;
   const auto issue = [&](int step, int parts) {
     if (step < step1) {
       uint4* dst = smem + ((step - step0) % kStages) * 2 * kChunks;
@@ -279,6 +287,45 @@ float time_ms(const std::vector<cudaEvent_t>& ev, const auto& body) {
   return samples[samples.size() / 2];
 }
 
+// A paged K/V cache of batch x context tokens (8 kv heads, D 128, page 16) with a random
+// permutation of its pages as the block table (request r owns row r), filled with non-zero bytes.
+struct ProbeCache {
+  void* k = nullptr;
+  void* v = nullptr;
+  int* block_table = nullptr;
+  unsigned* sink = nullptr;
+  int pages_per_req = 0;
+  size_t cache_bytes = 0;  // of K (and of V)
+
+  ProbeCache(int batch, int context, int num_kv_heads, std::mt19937& rng) {
+    pages_per_req = context / kBlockSize;
+    const int64_t num_blocks = static_cast<int64_t>(batch) * pages_per_req;
+    cache_bytes = static_cast<size_t>(num_blocks) * kBlockSize * num_kv_heads * kD * 2;
+    CHECK(cudaMalloc(&k, cache_bytes));
+    CHECK(cudaMalloc(&v, cache_bytes));
+    CHECK(cudaMalloc(&sink, 4));
+    CHECK(cudaMemset(k, 0x3c, cache_bytes));
+    CHECK(cudaMemset(v, 0x45, cache_bytes));
+    std::vector<int> perm(num_blocks);
+    for (int64_t i = 0; i < num_blocks; ++i) perm[i] = static_cast<int>(i);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    CHECK(cudaMalloc(&block_table, perm.size() * 4));
+    CHECK(cudaMemcpy(block_table, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+  }
+  ~ProbeCache() {
+    cudaFree(k);
+    cudaFree(v);
+    cudaFree(block_table);
+    cudaFree(sink);
+  }
+  ProbeCache(const ProbeCache&) = delete;
+  ProbeCache& operator=(const ProbeCache&) = delete;
+  Args args(int num_kv_heads, int context, int groups, int splits) const {
+    return Args{static_cast<const uint4*>(k), static_cast<const uint4*>(v), block_table, pages_per_req,
+                num_kv_heads, context, groups, splits, sink};
+  }
+};
+
 }  // namespace
 
 int main() {
@@ -314,23 +361,9 @@ int main() {
         {"warp T=32 2 stages", -32, 2, warp_pipeline_probe<32, 2>},
     };
     const int batch = 128, context = 4096;
-    const int pages_per_req = context / kBlockSize;
-    const int64_t num_blocks = static_cast<int64_t>(batch) * pages_per_req;
-    const size_t cache_bytes = static_cast<size_t>(num_blocks) * kBlockSize * hkv * kD * 2;
-    void *k = nullptr, *v = nullptr, *bt = nullptr;
-    unsigned* sink = nullptr;
-    CHECK(cudaMalloc(&k, cache_bytes));
-    CHECK(cudaMalloc(&v, cache_bytes));
-    CHECK(cudaMalloc(&sink, 4));
-    CHECK(cudaMemset(k, 0x3c, cache_bytes));
-    CHECK(cudaMemset(v, 0x45, cache_bytes));
-    std::vector<int> perm(num_blocks);
-    for (int64_t i = 0; i < num_blocks; ++i) perm[i] = static_cast<int>(i);
     std::mt19937 prng(99);
-    std::shuffle(perm.begin(), perm.end(), prng);
-    CHECK(cudaMalloc(&bt, perm.size() * 4));
-    CHECK(cudaMemcpy(bt, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-    const double kv_bytes = 2.0 * cache_bytes;
+    const ProbeCache cache(batch, context, hkv, prng);
+    const double kv_bytes = 2.0 * cache.cache_bytes;
     std::printf("\npipeline probe: batch %d x context %d, one kv head per item, synthetic compute per 64 tokens\n",
                 batch, context);
     for (int delay : {0, 64, 128, 256, 512}) {
@@ -339,8 +372,7 @@ int main() {
         CHECK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         int per_sm = 0;
         CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c.kernel, 128, smem));
-        Args a{static_cast<const uint4*>(k), static_cast<const uint4*>(v), static_cast<const int*>(bt),
-               pages_per_req, hkv, context, hkv, 1, sink};
+        const Args a = cache.args(hkv, context, hkv, 1);
         const int grid = batch * hkv;
         const float ms = time_ms(ev, [&] {
           c.kernel<<<grid, 128, smem>>>(a, delay);
@@ -350,10 +382,6 @@ int main() {
                     kv_bytes / (ms * 1e-3) / 1e12);
       }
     }
-    CHECK(cudaFree(k));
-    CHECK(cudaFree(v));
-    CHECK(cudaFree(bt));
-    CHECK(cudaFree(sink));
     if (std::getenv("PROBE_PIPELINE_ONLY") != nullptr) return 0;
   }
 
@@ -374,22 +402,8 @@ int main() {
   const Shape shapes[] = {{128, 4096}, {64, 2048}, {32, 16384}, {1, 8192}};
   std::mt19937 rng(1234);
   for (const Shape& sh : shapes) {
-    const int pages_per_req = sh.context / kBlockSize;
-    const int64_t num_blocks = static_cast<int64_t>(sh.batch) * pages_per_req;
-    const size_t cache_bytes = static_cast<size_t>(num_blocks) * kBlockSize * hkv * kD * 2;
-    void *k = nullptr, *v = nullptr, *bt = nullptr;
-    unsigned* sink = nullptr;
-    CHECK(cudaMalloc(&k, cache_bytes));
-    CHECK(cudaMalloc(&v, cache_bytes));
-    CHECK(cudaMalloc(&sink, 4));
-    CHECK(cudaMemset(k, 0x3c, cache_bytes));
-    CHECK(cudaMemset(v, 0x45, cache_bytes));
-    std::vector<int> perm(num_blocks);
-    for (int64_t i = 0; i < num_blocks; ++i) perm[i] = static_cast<int>(i);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    CHECK(cudaMalloc(&bt, perm.size() * 4));
-    CHECK(cudaMemcpy(bt, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-    const double kv_bytes = 2.0 * cache_bytes;
+    const ProbeCache cache(sh.batch, sh.context, hkv, rng);
+    const double kv_bytes = 2.0 * cache.cache_bytes;
     std::printf("\nbatch %d x context %d (KV %.0f MB)\n", sh.batch, sh.context, kv_bytes / 1e6);
     for (const Config& c : configs) {
       const int smem = c.stages * 2 * c.t * c.hc * kD * 2;
@@ -407,8 +421,7 @@ int main() {
       }
       for (int splits : split_options) {
         if (sh.context / c.t < splits) continue;
-        Args a{static_cast<const uint4*>(k), static_cast<const uint4*>(v), static_cast<const int*>(bt),
-               pages_per_req, hkv, sh.context, groups, splits, sink};
+        const Args a = cache.args(hkv, sh.context, groups, splits);
         const int grid = base_items * splits;
         const float ms = time_ms(ev, [&] {
           c.kernel<<<grid, c.threads, smem>>>(a);
@@ -419,10 +432,6 @@ int main() {
                     grid, per_sm, ms, tbps, 100 * tbps / copy_tbps);
       }
     }
-    CHECK(cudaFree(k));
-    CHECK(cudaFree(v));
-    CHECK(cudaFree(bt));
-    CHECK(cudaFree(sink));
   }
   return 0;
 }

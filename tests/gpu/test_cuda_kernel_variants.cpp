@@ -42,6 +42,29 @@ bool small_grid() {
   return v != nullptr && std::string(v) == "1";
 }
 
+// The features both grids share: feature 0 plain, 1 a sliding window of `window` keys, 2 ALiBi +
+// soft-cap, 3 sinks + LSE + padded token rows. Returns false for other features (the caller's).
+bool apply_shared_feature(ConformanceCase& c, int feature, int window) {
+  switch (feature) {
+    case 0:
+      return true;
+    case 1:
+      c.sliding_window = window;
+      return true;
+    case 2:
+      c.alibi = true;
+      c.soft_cap = 5.f;
+      return true;
+    case 3:
+      c.sinks = true;
+      c.return_lse = true;
+      c.pad_tokens = 3;
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
   const std::vector<std::vector<conformance::RequestShape>> batches = {
       {{0, 150}},                          // plain causal prefill: several 64-key tiles, ragged rows
@@ -65,21 +88,7 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
         c.batch = batches[index % batches.size()];
         c.distribution = index % 2 ? conformance::Distribution::normal : conformance::Distribution::uniform;
         c.return_lse = index % 2 == 0;
-        switch (feature) {
-          case 0:
-            break;
-          case 1:
-            c.sliding_window = 1 + index * 29 % 200;
-            break;
-          case 2:
-            c.alibi = true;
-            c.soft_cap = 5.f;
-            break;
-          case 3:
-            c.sinks = true;
-            c.return_lse = true;
-            c.pad_tokens = 3;
-            break;
+        switch (apply_shared_feature(c, feature, 1 + index * 29 % 200) ? -1 : feature) {
           case 4:
             c.attn_type = AttentionType::encoder;
             c.batch = {{0, 130}, {0, 1}, {0, 70}};
@@ -188,21 +197,7 @@ std::vector<ConformanceCase> decode_cases() {
         if (c.num_heads / c.num_kv_heads == 16) c.batch = batches[(index / 2) % 2];  // 16 rows at most
         c.distribution = index % 2 ? conformance::Distribution::normal : conformance::Distribution::uniform;
         c.return_lse = index % 2 == 0;
-        switch (feature) {
-          case 0:
-            break;
-          case 1:
-            c.sliding_window = 1 + index * 53 % 400;
-            break;
-          case 2:
-            c.alibi = true;
-            c.soft_cap = 5.f;
-            break;
-          case 3:
-            c.sinks = true;
-            c.return_lse = true;
-            c.pad_tokens = 3;
-            break;
+        switch (apply_shared_feature(c, feature, 1 + index * 53 % 400) ? -1 : feature) {
           case 4:
             c.kv_cache_dtype = "fp8_e4m3";
             c.per_head_kv_scales = true;

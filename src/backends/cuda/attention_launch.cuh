@@ -17,18 +17,26 @@
 
 namespace pagedattn::cuda {
 
-// Raises the kernel's dynamic shared-memory limit on the current device (once per device).
-template <int D, typename T, bool kFp8, int kVariant>
-void configure_kernel() {
-  static std::atomic<uint64_t> configured_devices{0};
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device
+// (`configured_devices`: one bit per device, owned by the caller's instantiation).
+inline void raise_smem_limit_once(std::atomic<uint64_t>& configured_devices, const void* kernel, int bytes,
+                                  const char* what) {
   int device = 0;
   cudaGetDevice(&device);
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((configured_devices.load() & bit) != 0) return;
-  cudaFuncSetAttribute(paged_attention_kernel<D, T, kFp8, kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       KernelVariantTraits<D, T, kFp8, kVariant>::kSmemBytes);
-  check_launch("cudaFuncSetAttribute(paged_attention_kernel)");
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  check_launch(what);
   configured_devices.fetch_or(bit);
+}
+
+// Raises the kernel's dynamic shared-memory limit on the current device (once per device).
+template <int D, typename T, bool kFp8, int kVariant>
+void configure_kernel() {
+  static std::atomic<uint64_t> configured_devices{0};
+  raise_smem_limit_once(configured_devices, reinterpret_cast<const void*>(paged_attention_kernel<D, T, kFp8, kVariant>),
+                        KernelVariantTraits<D, T, kFp8, kVariant>::kSmemBytes,
+                        "cudaFuncSetAttribute(paged_attention_kernel)");
 }
 
 // The variant for head size D and this cache under the current choice; `equal_dims`: the layer's
@@ -56,14 +64,8 @@ void with_kernel_variant(int variant, F&& f) {
 template <int D, typename T, bool kFp8>
 void configure_decode_kernel() {
   static std::atomic<uint64_t> configured_devices{0};
-  int device = 0;
-  cudaGetDevice(&device);
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((configured_devices.load() & bit) != 0) return;
-  cudaFuncSetAttribute(paged_decode_kernel<D, T, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       DecodeKernelTraits<D, T, kFp8>::kSmemBytes);
-  check_launch("cudaFuncSetAttribute(paged_decode_kernel)");
-  configured_devices.fetch_or(bit);
+  raise_smem_limit_once(configured_devices, reinterpret_cast<const void*>(paged_decode_kernel<D, T, kFp8>),
+                        DecodeKernelTraits<D, T, kFp8>::kSmemBytes, "cudaFuncSetAttribute(paged_decode_kernel)");
 }
 
 template <int D, typename T, bool kFp8>
