@@ -62,9 +62,8 @@ struct CudaAttentionMetadata final : AttentionMetadata {
   int num_work_items = 0;
   int num_combine_items = 0;
   int attention_grid = 0;              // CTAs when not capturing
-  int resident_ctas = 0;               // CTAs when capturing (graph-safe)
+  int resident_ctas = 0;               // CTAs of the plan's kernel when capturing (graph-safe)
   bool decode_kernel = false;          // the plan is for the decode-only kernel
-  int decode_resident_ctas = 0;        // its CTAs when capturing
   int combine_grid_capacity = 0;       // combine CTAs when capturing
   bool for_cudagraph = false;
   // Device plan (builder workspace).

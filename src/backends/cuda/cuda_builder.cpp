@@ -278,10 +278,9 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   md->sliding_window = config_.sliding_window;
   md->num_work_items = header.num_work_items;
   md->num_combine_items = header.num_combine_items;
-  md->resident_ctas = resident_ctas_;
   md->decode_kernel = plan.decode_kernel;
-  md->decode_resident_ctas = decode_resident_ctas_;
-  md->attention_grid = std::min(header.num_work_items, plan.decode_kernel ? decode_resident_ctas_ : resident_ctas_);
+  md->resident_ctas = plan.decode_kernel ? decode_resident_ctas_ : resident_ctas_;
+  md->attention_grid = std::min(header.num_work_items, md->resident_ctas);
   md->combine_grid_capacity = std::max(1, std::min(planner_.max_combine_items, resident_ctas_));
   md->for_cudagraph = for_cudagraph;
   md->header = reinterpret_cast<const PlanHeader*>(ws);

@@ -273,7 +273,7 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
                   cudaGetErrorString(capture_query));
   const bool graph_safe = md.for_cudagraph || status != cudaStreamCaptureStatusNone;
   // Graph-safe launches do not depend on the plan's counts: the kernels read them on the device.
-  const int grid = graph_safe ? (md.decode_kernel ? md.decode_resident_ctas : md.resident_ctas) : md.attention_grid;
+  const int grid = graph_safe ? md.resident_ctas : md.attention_grid;
   // One kernel for D = max(head_size, head_size_v); the narrower dim is zero-padded on chip.
   // Either kernel computes any plan of the builder, so a captured graph replays every later plan.
   launch_paged_attention(p, std::max(head_size, head_size_v), params_.dtype, fp8 && cached, grid, md.decode_kernel,

@@ -9,7 +9,6 @@
 // 64-key tile, so one launch fills the device (flash-decoding); the combine kernel merges them.
 // Decode-only plans (the decode-only kernel, more resident CTAs) also split when the items
 // outnumber the CTAs but would leave the last wave short (choose_decode_chunk).
-
 // Cascade (common prefix P): prefix items over keys [0, P) for every query row of the batch
 // (tiles of packed global rows, one set per kv head), the requests' items over [P, seq_len);
 // all write partials (the prefix ones at (split, kv head, global row)) and every request item
@@ -88,6 +87,13 @@ WorkItem split_part(const WorkItem& it, int s, int n) {
   return part;
 }
 
+// Splits of an item of `tiles` tiles cut in chunks of about `chunk` tiles (chunk > 0): at least
+// kMinTilesPerSplit tiles each, at most max_splits.
+int64_t split_count(int64_t tiles, int64_t chunk, int max_splits) {
+  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(max_splits, tiles / kMinTilesPerSplit));
+  return std::clamp<int64_t>((tiles + chunk / 2) / chunk, 1, most);
+}
+
 // Decode-only plans: an item costs about its tiles plus a fixed overhead (Q load, pipeline fill,
 // warp merge), and the persistent CTAs take the cost-sorted items in turn, so the time is about
 // max(largest item, ceil(items / CTAs) * mean item) (decode items are near-equal), plus the
@@ -110,8 +116,7 @@ int64_t choose_decode_chunk(const PlannerConfig& config, const std::vector<WorkI
     int64_t items = 0, rows = 0, groups = 0;
     double sum = 0.0, largest = 0.0;
     for (size_t i = 0; i < base.size(); ++i) {
-      const int64_t most = std::max<int64_t>(1, std::min<int64_t>(config.max_splits, tiles[i] / kMinTilesPerSplit));
-      const int64_t n = chunk <= 0 ? 1 : std::clamp<int64_t>((tiles[i] + chunk / 2) / chunk, 1, most);
+      const int64_t n = chunk <= 0 ? 1 : split_count(tiles[i], chunk, config.max_splits);
       items += n;
       sum += static_cast<double>(tiles[i]) + kItemOverhead * static_cast<double>(n);
       largest = std::max(largest, static_cast<double>((tiles[i] + n - 1) / n) + kItemOverhead);
@@ -239,8 +244,7 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
       bool any_split = false;
       for (size_t i = 0; i < base.size(); ++i) {
         const int64_t tiles = tiles_of(KeyRange{base[i].kv_start, base[i].kv_end});
-        const int64_t most = std::max<int64_t>(1, std::min<int64_t>(config.max_splits, tiles / kMinTilesPerSplit));
-        splits[i] = static_cast<int>(std::clamp<int64_t>((tiles + ideal / 2) / ideal, 1, most));
+        splits[i] = static_cast<int>(split_count(tiles, ideal, config.max_splits));
         num_items += splits[i];
         any_split = any_split || splits[i] > 1;
         if (cascade || splits[i] > 1) {
