@@ -29,13 +29,16 @@ namespace {
 using conformance::ConformanceCase;
 using cuda::AttentionKernelChoice;
 
-// Restores the environment's choice when the test ends.
-struct ChoiceGuard {
-  explicit ChoiceGuard(AttentionKernelChoice c) { cuda::set_attention_kernel_choice(c); }
-  ~ChoiceGuard() { cuda::set_attention_kernel_choice(std::nullopt); }
-  ChoiceGuard(const ChoiceGuard&) = delete;
-  ChoiceGuard& operator=(const ChoiceGuard&) = delete;
+// Forces a choice (attention_kernel_choice.h) and restores the environment's when the test ends.
+template <class Choice, void (*Set)(std::optional<Choice>)>
+struct Guard {
+  explicit Guard(Choice c) { Set(c); }
+  ~Guard() { Set(std::nullopt); }
+  Guard(const Guard&) = delete;
+  Guard& operator=(const Guard&) = delete;
 };
+using ChoiceGuard = Guard<AttentionKernelChoice, cuda::set_attention_kernel_choice>;
+using DecodeChoiceGuard = Guard<cuda::DecodeKernelChoice, cuda::set_decode_kernel_choice>;
 
 bool small_grid() {
   const char* v = std::getenv("PAGEDATTN_GPU_SMALL_GRID");
@@ -119,22 +122,40 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
   return cases;
 }
 
-void run_all(AttentionKernelChoice choice, const std::vector<int>& head_sizes, uint64_t seed0) {
-  const ChoiceGuard guard(choice);
+// Runs `cases` on the CUDA backend against the REFERENCE (fresh inputs from seed0 + step * i);
+// returns how many ran and, in *decode_plans, how many plans took the decode-only kernel.
+int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_t step, int* decode_plans) {
   const AttentionBackend& backend = cuda_backend();
   int run = 0;
-  const std::vector<ConformanceCase> cases = prefill_cases(head_sizes);
+  *decode_plans = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
-    ASSERT_TRUE(conformance::unsupported_reasons(backend, Device::cuda, cases[i]).empty()) << cases[i].describe();
+    EXPECT_TRUE(conformance::unsupported_reasons(backend, Device::cuda, cases[i]).empty()) << cases[i].describe();
     try {
+      const conformance::CaseInputs inputs = conformance::make_inputs(cases[i], seed0 + step * i);
+      conformance::PreparedRun prepared = conformance::prepare_run(backend, Device::cuda, inputs);
+      const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(prepared.step_metadata.get());
+      if (md == nullptr) {
+        ADD_FAILURE() << "not a CUDA plan: " << cases[i].describe();
+        continue;
+      }
+      *decode_plans += md->decode_kernel ? 1 : 0;
+      conformance::execute(prepared);
       const conformance::ConformanceResult result =
-          conformance::run_case(backend, Device::cuda, cases[i], seed0 + 104729 * i);
+          conformance::compare(inputs, conformance::collect(prepared),
+                               conformance::run_backend(conformance::reference(), Device::cpu, inputs));
       EXPECT_TRUE(result.passed()) << result.describe();
       ++run;
     } catch (const std::exception& e) {
       ADD_FAILURE() << "CUDA [" << cases[i].describe() << "] threw: " << e.what();
     }
   }
+  return run;
+}
+
+void run_all(AttentionKernelChoice choice, const std::vector<int>& head_sizes, uint64_t seed0) {
+  const ChoiceGuard guard(choice);
+  int decode_plans = 0;
+  const int run = run_cases(prefill_cases(head_sizes), seed0, 104729, &decode_plans);
   std::cout << "[ variants ] " << run << " cases run\n";
 }
 
@@ -161,13 +182,6 @@ TEST(CudaKernelVariants, MmaPrefillMatchesReference) {
   run_all(AttentionKernelChoice::mma, {64, 128, 256}, 0x77AA);
 }
 
-// Restores the environment's decode-kernel choice when the test ends.
-struct DecodeChoiceGuard {
-  explicit DecodeChoiceGuard(cuda::DecodeKernelChoice c) { cuda::set_decode_kernel_choice(c); }
-  ~DecodeChoiceGuard() { cuda::set_decode_kernel_choice(std::nullopt); }
-  DecodeChoiceGuard(const DecodeChoiceGuard&) = delete;
-  DecodeChoiceGuard& operator=(const DecodeChoiceGuard&) = delete;
-};
 
 // Decode batches (every request's query_len * group <= 16 for the first three head layouts):
 // long contexts that split, many short requests, spec-decode rows, contexts inside one tile.
@@ -221,27 +235,8 @@ std::vector<ConformanceCase> decode_cases() {
 
 void run_decode_cases(cuda::DecodeKernelChoice choice, uint64_t seed0) {
   const DecodeChoiceGuard guard(choice);
-  const AttentionBackend& backend = cuda_backend();
-  int run = 0, decode_plans = 0;
-  const std::vector<ConformanceCase> cases = decode_cases();
-  for (size_t i = 0; i < cases.size(); ++i) {
-    ASSERT_TRUE(conformance::unsupported_reasons(backend, Device::cuda, cases[i]).empty()) << cases[i].describe();
-    try {
-      const conformance::CaseInputs inputs = conformance::make_inputs(cases[i], seed0 + 7919 * i);
-      conformance::PreparedRun prepared = conformance::prepare_run(backend, Device::cuda, inputs);
-      const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(prepared.step_metadata.get());
-      ASSERT_NE(md, nullptr);
-      decode_plans += md->decode_kernel ? 1 : 0;
-      conformance::execute(prepared);
-      const conformance::ConformanceResult result =
-          conformance::compare(inputs, conformance::collect(prepared),
-                               conformance::run_backend(conformance::reference(), Device::cpu, inputs));
-      EXPECT_TRUE(result.passed()) << result.describe();
-      ++run;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "CUDA [" << cases[i].describe() << "] threw: " << e.what();
-    }
-  }
+  int decode_plans = 0;
+  const int run = run_cases(decode_cases(), seed0, 7919, &decode_plans);
   if (choice == cuda::DecodeKernelChoice::unified) {
     EXPECT_EQ(decode_plans, 0) << "unified: no plan may use the decode-only kernel";
   } else {

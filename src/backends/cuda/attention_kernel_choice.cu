@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -32,56 +33,73 @@ __global__ void wgmma_image_probe_kernel(int* out) {
 #endif
 }
 
+// One value of an environment switch: its spelling and its enum value.
+struct ChoiceName {
+  const char* name;
+  int value;
+};
+
+// The value named by `value` (nullptr or "" = the first entry, the default); Error naming
+// `variable` and listing `expected` for anything else.
+int parse_choice(const char* variable, const char* value, std::initializer_list<ChoiceName> names,
+                 const char* expected) {
+  if (value == nullptr || *value == '\0') return names.begin()->value;
+  for (const ChoiceName& n : names) {
+    if (std::string_view(value) == n.name) return n.value;
+  }
+  PAGEDATTN_CHECK(false, variable, variable, " = \"", value, "\" is not a valid choice: expected ", expected);
+  return 0;
+}
+
+// The override when set (>= 0), else the environment variable, read once per Choice type (each
+// type has one variable; an invalid value throws at every call).
+template <class Choice>
+Choice current_choice(const std::atomic<int>& forced, const char* variable, Choice (*parse)(const char*)) {
+  const int f = forced.load(std::memory_order_relaxed);
+  if (f >= 0) return static_cast<Choice>(f);
+  static const std::string saved = [variable] {
+    const char* env = std::getenv(variable);
+    return std::string(env != nullptr ? env : "");
+  }();
+  return parse(saved.c_str());
+}
+
+template <class Choice>
+void store_choice(std::atomic<int>& forced, std::optional<Choice> choice) {
+  forced.store(choice ? static_cast<int>(*choice) : -1, std::memory_order_relaxed);
+}
+
 }  // namespace
 
 AttentionKernelChoice parse_prefill_kernel_choice(const char* value) {
-  if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return AttentionKernelChoice::automatic;
-  PAGEDATTN_CHECK(std::string_view(value) == "mma", "PAGEDATTN_CUDA_PREFILL_KERNEL",
-                  "PAGEDATTN_CUDA_PREFILL_KERNEL = \"", value,
-                  "\" is not a prefill kernel choice: expected auto (wgmma for head sizes 64, 128 and 256 with "
-                  "16-bit caches on sm_90a, mma.sync elsewhere) or mma (the mma.sync prefill path everywhere)");
-  return AttentionKernelChoice::mma;
+  return static_cast<AttentionKernelChoice>(parse_choice(
+      "PAGEDATTN_CUDA_PREFILL_KERNEL", value,
+      {{"auto", static_cast<int>(AttentionKernelChoice::automatic)}, {"mma", static_cast<int>(AttentionKernelChoice::mma)}},
+      "auto (wgmma for head sizes 64, 128 and 256 with 16-bit caches on sm_90a, mma.sync elsewhere) or mma "
+      "(the mma.sync prefill path everywhere)"));
 }
 
 AttentionKernelChoice attention_kernel_choice() {
-  const int forced = g_override.load(std::memory_order_relaxed);
-  if (forced >= 0) return static_cast<AttentionKernelChoice>(forced);
-  // Read once; an invalid value throws at every call.
-  static const std::string saved = [] {
-    const char* env = std::getenv("PAGEDATTN_CUDA_PREFILL_KERNEL");
-    return std::string(env != nullptr ? env : "");
-  }();
-  return parse_prefill_kernel_choice(saved.c_str());
+  return current_choice(g_override, "PAGEDATTN_CUDA_PREFILL_KERNEL", parse_prefill_kernel_choice);
 }
 
-void set_attention_kernel_choice(std::optional<AttentionKernelChoice> choice) {
-  g_override.store(choice ? static_cast<int>(*choice) : -1, std::memory_order_relaxed);
-}
+void set_attention_kernel_choice(std::optional<AttentionKernelChoice> choice) { store_choice(g_override, choice); }
 
 DecodeKernelChoice parse_decode_kernel_choice(const char* value) {
-  if (value == nullptr || *value == '\0' || std::string_view(value) == "auto") return DecodeKernelChoice::automatic;
-  if (std::string_view(value) == "decode") return DecodeKernelChoice::decode;
-  PAGEDATTN_CHECK(std::string_view(value) == "unified", "PAGEDATTN_CUDA_DECODE_KERNEL",
-                  "PAGEDATTN_CUDA_DECODE_KERNEL = \"", value,
-                  "\" is not a decode kernel choice: expected auto (the decode-only kernel for batches of decodes, "
-                  "head sizes <= 128, but for the smallest), decode (for every batch of decodes) or unified (the "
-                  "paged attention kernel for every batch)");
-  return DecodeKernelChoice::unified;
+  return static_cast<DecodeKernelChoice>(parse_choice(
+      "PAGEDATTN_CUDA_DECODE_KERNEL", value,
+      {{"auto", static_cast<int>(DecodeKernelChoice::automatic)},
+       {"decode", static_cast<int>(DecodeKernelChoice::decode)},
+       {"unified", static_cast<int>(DecodeKernelChoice::unified)}},
+      "auto (the decode-only kernel for batches of decodes, head sizes <= 128, but for the smallest), decode "
+      "(for every batch of decodes) or unified (the paged attention kernel for every batch)"));
 }
 
 DecodeKernelChoice decode_kernel_choice() {
-  const int forced = g_decode_override.load(std::memory_order_relaxed);
-  if (forced >= 0) return static_cast<DecodeKernelChoice>(forced);
-  static const std::string saved = [] {
-    const char* env = std::getenv("PAGEDATTN_CUDA_DECODE_KERNEL");
-    return std::string(env != nullptr ? env : "");
-  }();
-  return parse_decode_kernel_choice(saved.c_str());
+  return current_choice(g_decode_override, "PAGEDATTN_CUDA_DECODE_KERNEL", parse_decode_kernel_choice);
 }
 
-void set_decode_kernel_choice(std::optional<DecodeKernelChoice> choice) {
-  g_decode_override.store(choice ? static_cast<int>(*choice) : -1, std::memory_order_relaxed);
-}
+void set_decode_kernel_choice(std::optional<DecodeKernelChoice> choice) { store_choice(g_decode_override, choice); }
 
 bool wgmma_kernels_available() {
   static std::atomic<uint64_t> known{0}, available{0};
