@@ -132,33 +132,36 @@ __device__ __forceinline__ float2 fp8x2_to_float2(uint16_t bits, int format) {
 #endif
 }
 
+// 4 fp8 values (one word, first value in the lowest byte) -> 4 values of T as two 16-bit pairs
+// (x: values 0, 1; y: values 2, 3; the first of a pair in the low half).
+template <typename T>
+__device__ __forceinline__ uint2 fp8x4_to_16bit(uint32_t word, int format) {
+  const uint16_t lo = static_cast<uint16_t>(word & 0xffffu);
+  const uint16_t hi = static_cast<uint16_t>(word >> 16);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (std::is_same_v<T, __half>) {
+    uint2 out;
+    if (format == 1) {
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out.x) : "h"(lo));
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out.y) : "h"(hi));
+    } else {
+      asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(out.x) : "h"(lo));
+      asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(out.y) : "h"(hi));
+    }
+    return out;
+  }
+#endif
+  const float2 a = fp8x2_to_float2(lo, format);
+  const float2 b = fp8x2_to_float2(hi, format);
+  return make_uint2(Mma<T>::pack(a.x, a.y), Mma<T>::pack(b.x, b.y));  // exact: fp8 values fit T
+}
+
 // 8 fp8 values (one uint2, first value in the lowest byte) -> 8 values of T (one uint4).
 template <typename T>
 __device__ __forceinline__ uint4 fp8x8_to_16bit(const uint2& in, int format) {
-  const uint32_t words[2] = {in.x, in.y};
-  uint32_t packed[4];
-#pragma unroll
-  for (int w = 0; w < 2; ++w) {
-    const uint16_t lo = static_cast<uint16_t>(words[w] & 0xffffu);
-    const uint16_t hi = static_cast<uint16_t>(words[w] >> 16);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    if constexpr (std::is_same_v<T, __half>) {
-      if (format == 1) {
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(packed[2 * w]) : "h"(lo));
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(packed[2 * w + 1]) : "h"(hi));
-      } else {
-        asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(packed[2 * w]) : "h"(lo));
-        asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(packed[2 * w + 1]) : "h"(hi));
-      }
-      continue;
-    }
-#endif
-    const float2 a = fp8x2_to_float2(lo, format);
-    const float2 b = fp8x2_to_float2(hi, format);
-    packed[2 * w] = Mma<T>::pack(a.x, a.y);  // exact: fp8 values fit T
-    packed[2 * w + 1] = Mma<T>::pack(b.x, b.y);
-  }
-  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  const uint2 a = fp8x4_to_16bit<T>(in.x, format);
+  const uint2 b = fp8x4_to_16bit<T>(in.y, format);
+  return make_uint4(a.x, a.y, b.x, b.y);
 }
 
 }  // namespace pagedattn::cuda

@@ -21,7 +21,8 @@
 // warp request covers whole 128-byte lines of 4 rows (TileCopy). Q.K^T and P.V
 // run on tensor cores (mma.sync m16n8k16, f32 accumulate); K fragments via ldmatrix, V via
 // ldmatrix.trans; shared rows are padded by 16 bytes (conflict-free ldmatrix for every head
-// size here). Online softmax in base 2 (scale folded with log2 e).
+// size here). Online softmax in base 2 (scale folded with log2 e); O is rescaled only when a row
+// of the warp gets a new maximum. Page lookups take a shift for power-of-two block sizes.
 //   decode path  (<= 16 rows): Q in registers; warp w takes keys [16w, 16w+16) of each tile;
 //                3-stage pipeline (4 for fp8); the 4 warps' (m, l, o) are merged through shared
 //                memory.
@@ -36,8 +37,12 @@
 // mma.sync).
 // Decode-only kernel (paged_decode_kernel, end of file; head sizes <= 128): the decode path alone
 // with 2 stages, 3 CTAs per SM, for plans of decodes (the builder's choice, planner.h).
-// fp8 caches: raw fp8 tiles are staged, then converted (exactly) to the activation type in
-// shared memory before the MMAs; k_scale is folded into the logit scale, v_scale applied to o.
+// fp8 caches: raw fp8 tiles are staged (rows D + 16 bytes apart). The decode path (D % 32 == 0)
+// converts its MMA fragments in registers straight from the raw rows: Q.K^T with the head dims
+// permuted alike in Q and K (4-byte loads), P.V with the output dims permuted (4 bytes of each of
+// a lane's 4 keys, paired by byte_perm) and put back in order in the warp merge. Otherwise (the
+// prefill paths, D = 80) the tile is first converted (exactly) to the activation type in shared
+// memory. k_scale is folded into the logit scale, v_scale applied to o.
 //
 // Memory traffic: each KV byte of an item's range once per GQA group (plus the zero-filled tile
 // edges); Q and O once per item; the floor is KV bytes / copy bandwidth for decode and
@@ -69,15 +74,21 @@ struct AttentionTraits {
   static constexpr int kKTiles = D / 16;                // k16 steps of Q.K^T
   static constexpr int kDTiles = D / 8;                 // n8 tiles of the output
   static constexpr int kTileBytes = kKeysPerTile * kRowStride * 2;   // one 16-bit K or V tile
-  static constexpr int kRawTileBytes = kKeysPerTile * D;             // one fp8 K or V tile
+  // fp8 rows are staged D + 16 bytes apart: the decode path's 4-byte fragment loads (8 rows x
+  // 16 bytes for K, 4 rows x 32 bytes for V per warp request) then hit 32 distinct banks.
+  static constexpr int kRawRowBytes = D + 16;
+  static constexpr int kRawTileBytes = kKeysPerTile * kRawRowBytes;  // one fp8 K or V tile
   static constexpr int kStageBytes = 2 * (kFp8 ? kRawTileBytes : kTileBytes);
   static constexpr int kConvertedBytes = kFp8 ? 2 * kTileBytes : 0;  // converted K + V tile
+  // The decode path converts fp8 fragments in registers (no converted tile) when D % 32 == 0.
+  static constexpr bool kDecodeDirectFp8 = kFp8 && D % 32 == 0;
+  static constexpr int kDecodeConvertedBytes = kDecodeDirectFp8 ? 0 : kConvertedBytes;
   static constexpr int kMergeRowStride = D + 8;          // floats, decode merge buffer
   static constexpr int kMergeBytes = 4 * kDecodeRows * (kMergeRowStride + 2) * 4;
   static constexpr int kPrefillSmem =
       kPrefillRows * kRowStride * 2 + kPrefillStages * kStageBytes + kConvertedBytes;
   static constexpr int kDecodeSmem =
-      kDecodeRows * kRowStride * 2 + kDecodeStages * kStageBytes + kConvertedBytes;
+      kDecodeRows * kRowStride * 2 + kDecodeStages * kStageBytes + kDecodeConvertedBytes;
   static constexpr int kSmemBytes = kPrefillSmem > kDecodeSmem ? kPrefillSmem : kDecodeSmem;
   static_assert(kMergeBytes <= kDecodeSmem - kDecodeRows * kRowStride * 2);
   static constexpr int kMinCtasPerSm = D <= 128 ? 2 : 1;
@@ -93,6 +104,7 @@ struct ItemContext {
   int hi_min;           // smallest last-visible key over the item's rows
   float qk_scale;       // scale * k_scale
   float v_scale;
+  int block_shift;      // log2(block_size) for a power-of-two page size (the usual case), else -1
 };
 
 __device__ __forceinline__ int first_visible(const AttentionKernelParams& p, int pos) {
@@ -119,7 +131,15 @@ __device__ __forceinline__ ItemContext make_item_context(const AttentionKernelPa
   const float k_scale = p.k_scale_per_head != nullptr ? p.k_scale_per_head[item.kv_head] : p.k_scale;
   ctx.v_scale = p.v_scale_per_head != nullptr ? p.v_scale_per_head[item.kv_head] : p.v_scale;
   ctx.qk_scale = p.scale * k_scale;
+  const int bs = p.block_size;
+  ctx.block_shift = p.paged && bs > 0 && (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
   return ctx;
+}
+
+// Page (block-table column) of key position `pos`: a shift for power-of-two page sizes instead of
+// an integer division (about 20 instructions, 8 per thread and tile in the copy loops).
+__device__ __forceinline__ int page_index(const AttentionKernelParams& p, const ItemContext& ctx, int pos) {
+  return ctx.block_shift >= 0 ? pos >> ctx.block_shift : pos / p.block_size;
 }
 
 // The visible keys [lo, hi] of one packed query row (hi < lo: the row sees nothing, e.g. the
@@ -218,7 +238,7 @@ __device__ __forceinline__ KVRowOffsets kv_row_offsets(const AttentionKernelPara
   KVRowOffsets o;
   const int g = ctx.item.kv_head;
   if (p.paged) {
-    const int offset = pos - (pos / p.block_size) * p.block_size;
+    const int offset = pos - page_index(p, ctx, pos) * p.block_size;
     o.k = (static_cast<int64_t>(block) * p.k_block_stride + offset * p.k_token_stride +
            g * p.k_head_stride) * elem_bytes;
     o.v = (static_cast<int64_t>(block) * p.v_block_stride + offset * p.v_token_stride +
@@ -259,14 +279,14 @@ __device__ __forceinline__ void fetch_blocks(const AttentionKernelParams& p, con
     blocks[i] = 0;
     if (p.paged && tile < ctx.num_tiles && row < kKeysPerTile && pos >= ctx.item.kv_start &&
         pos < ctx.item.kv_end) {
-      const int block = __ldg(p.block_table + ctx.item.request * p.block_table_stride + pos / p.block_size);
+      const int block = __ldg(p.block_table + ctx.item.request * p.block_table_stride + page_index(p, ctx, pos));
       blocks[i] = block >= 0 && block < p.num_blocks ? block : -1;
     }
   }
 }
 
 // Issues the copies of K and V tile `tile` into a stage. 16-bit: rows of kRowStride elements;
-// fp8: raw rows of D bytes (converted later). kNarrow (head_size_qk or head_size_v < D): the
+// fp8: raw rows of D bytes, kRawRowBytes apart (converted later). kNarrow (head_size_qk or head_size_v < D): the
 // chunks past a row's k_chunks / v_chunks are zero-filled (no global read).
 template <class Tr, bool kFp8, bool kNarrow>
 __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p, const ItemContext& ctx,
@@ -274,7 +294,7 @@ __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p
                                                   char* stage, int k_chunks, int v_chunks) {
   using C = TileCopy<Tr, kFp8>;
   constexpr int kElemBytes = kFp8 ? 1 : 2;
-  constexpr int kRowBytes = kFp8 ? Tr::kRawTileBytes / kKeysPerTile : Tr::kRowStride * 2;
+  constexpr int kRowBytes = kFp8 ? Tr::kRawRowBytes : Tr::kRowStride * 2;
   constexpr int kTileBytes = kFp8 ? Tr::kRawTileBytes : Tr::kTileBytes;
   const int lane_chunk = threadIdx.x % C::kThreadsPerRow;
 #pragma unroll
@@ -331,7 +351,7 @@ __device__ __forceinline__ void convert_kv_tile(const char* raw, char* converted
     const int row = rem / kOutChunks;
     const int c = rem - row * kOutChunks;
     const uint2 in = *reinterpret_cast<const uint2*>(raw + which * Tr::kRawTileBytes +
-                                                     row * (Tr::kRawTileBytes / kKeysPerTile) + c * 8);
+                                                     row * Tr::kRawRowBytes + c * 8);
     *reinterpret_cast<uint4*>(converted + which * Tr::kTileBytes + row * Tr::kRowStride * 2 + c * 16) =
         fp8x8_to_16bit<T>(in, format);
   }
@@ -357,12 +377,12 @@ __device__ __forceinline__ void load_q_tile(const AttentionKernelParams& p, cons
 
 // ---- online softmax --------------------------------------------------------------------------
 
-// Updates (m, l, o) of one thread's row with a tile of scores: s[j][2*half + e] are the
-// thread's NT*2 scores of the row, base-2 logits after multiplying by `factor` (> 0; masked ones
-// are -inf); they become P.
-template <int NT, int DT>
-__device__ __forceinline__ void online_softmax_row(float (&s)[NT][4], int half, float factor, float& m,
-                                                   float& l, float (&o)[DT][4]) {
+// Updates (m, l) of one thread's row with a tile of scores: s[j][2*half + e] are the thread's
+// NT*2 scores of the row, base-2 logits after multiplying by `factor` (> 0; masked ones are -inf);
+// they become P. Returns the row's correction e^(m_old - m_new) for its O (rescale_o): exactly 1
+// when the maximum did not move (exp2(0)).
+template <int NT>
+__device__ __forceinline__ float online_softmax_row(float (&s)[NT][4], int half, float factor, float& m, float& l) {
   float mx = neg_inf();
 #pragma unroll
   for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * half], s[j][2 * half + 1]));
@@ -379,12 +399,24 @@ __device__ __forceinline__ void online_softmax_row(float (&s)[NT][4], int half, 
     sum += s[j][2 * half] + s[j][2 * half + 1];
   }
   l = l * correction + sum;
-#pragma unroll
-  for (int d = 0; d < DT; ++d) {
-    o[d][2 * half] *= correction;
-    o[d][2 * half + 1] *= correction;
-  }
   m = m_new;
+  return correction;
+}
+
+// O *= the corrections of the thread's two rows (o[d][0..1]: row r, o[d][2..3]: row r + 8),
+// skipped (warp-uniformly) when no row of the warp got a new maximum: after the first tiles the
+// common case, which saves D/4 multiplies a thread and tile.
+template <int DT>
+__device__ __forceinline__ void rescale_o(float (&o)[DT][4], float c0, float c1) {
+  if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      o[d][0] *= c0;
+      o[d][1] *= c0;
+      o[d][2] *= c1;
+      o[d][3] *= c1;
+    }
+  }
 }
 
 __device__ __forceinline__ float quad_sum(float x) {
@@ -421,9 +453,10 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
   const int quad_row = lane >> 2;  // rows quad_row, quad_row + 8
   const int quad_col = lane & 3;
 
+  constexpr bool kDirect = Tr::kDecodeDirectFp8;
   T* q_smem = reinterpret_cast<T*>(smem);  // (16, kRowStride)
   char* stages = smem + kDecodeRows * Tr::kRowStride * 2;
-  char* converted = stages + kStages * Tr::kStageBytes;  // fp8 only
+  char* converted = stages + kStages * Tr::kStageBytes;  // fp8 with D % 32 != 0 only
 
   load_q_tile<Tr, T>(p, ctx, kDecodeRows, q_smem);
   cp_async_commit();
@@ -444,7 +477,19 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
   uint32_t q_frag[Tr::kKTiles][4];  // A fragments of the 16 x D query tile
 #pragma unroll
   for (int kk = 0; kk < Tr::kKTiles; ++kk) {
-    ldmatrix_x4(q_frag[kk], q_smem + (lane & 15) * Tr::kRowStride + kk * 16 + (lane >> 4) * 8);
+    if constexpr (kDirect) {
+      // Direct fp8: the k16 step kk takes dims 16kk + 4c + {0, 1} as MMA columns 2c + {0, 1} and
+      // 16kk + 4c + {2, 3} as 2c + 8 + {0, 1} (c = quad_col); K's fragments below take the same
+      // dims, so Q.K^T sums the same products (the order of a dot product's terms is free).
+      const T* q0 = q_smem + quad_row * Tr::kRowStride + kk * 16 + 4 * quad_col;
+      const T* q8 = q0 + 8 * Tr::kRowStride;
+      q_frag[kk][0] = *reinterpret_cast<const uint32_t*>(q0);
+      q_frag[kk][1] = *reinterpret_cast<const uint32_t*>(q8);
+      q_frag[kk][2] = *reinterpret_cast<const uint32_t*>(q0 + 2);
+      q_frag[kk][3] = *reinterpret_cast<const uint32_t*>(q8 + 2);
+    } else {
+      ldmatrix_x4(q_frag[kk], q_smem + (lane & 15) * Tr::kRowStride + kk * 16 + (lane >> 4) * 8);
+    }
   }
   RowRange rows[2];
   float m[2], l[2];
@@ -472,7 +517,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     cp_async_wait<kStages - 1>();  // tile landed; the kStages - 1 newer tiles stay in flight
     __syncthreads();
     const char* stage = stages + (tile % kStages) * Tr::kStageBytes;
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && !kDirect) {
       convert_kv_tile<Tr, T>(stage, converted, p.fp8_format);
       __syncthreads();
       stage = converted;
@@ -485,16 +530,29 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
 #pragma unroll
     for (int kk = 0; kk < Tr::kKTiles; ++kk) {
       uint32_t kb[4];
-      ldmatrix_x4(kb, k_tile + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * Tr::kRowStride + kk * 16 +
-                          ((lane >> 3) & 1) * 8);
+      if constexpr (kDirect) {
+        // Key warp*16 + 8j + quad_row, dims 16kk + 4c .. + 3 (the Q order above): one 4-byte load.
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t raw = *reinterpret_cast<const uint32_t*>(
+              stage + (warp * 16 + 8 * j + quad_row) * Tr::kRawRowBytes + kk * 16 + 4 * quad_col);
+          const uint2 pairs = fp8x4_to_16bit<T>(raw, p.fp8_format);
+          kb[2 * j] = pairs.x;
+          kb[2 * j + 1] = pairs.y;
+        }
+      } else {
+        ldmatrix_x4(kb, k_tile + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * Tr::kRowStride + kk * 16 +
+                            ((lane >> 3) & 1) * 8);
+      }
       Mma<T>::mma(s[0], q_frag[kk], kb[0], kb[1]);
       Mma<T>::mma(s[1], q_frag[kk], kb[2], kb[3]);
     }
     const int key0 = ctx.tile_base + tile * kKeysPerTile;
     const bool masked = key0 < ctx.lo_max || key0 + kKeysPerTile - 1 > ctx.hi_min;
     const float factor = transform_scores<2>(s, p, ctx, rows, quad_row, key0 + warp * 16, general, masked);
-    online_softmax_row<2, Tr::kDTiles>(s, 0, factor, m[0], l[0], o);
-    online_softmax_row<2, Tr::kDTiles>(s, 1, factor, m[1], l[1], o);
+    const float c0 = online_softmax_row<2>(s, 0, factor, m[0], l[0]);
+    const float c1 = online_softmax_row<2>(s, 1, factor, m[1], l[1]);
+    rescale_o(o, c0, c1);
 
     // O += P (16 x 16) . V (16 x D)
     uint32_t pa[4];
@@ -502,12 +560,35 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     pa[1] = Mma<T>::pack(s[0][2], s[0][3]);
     pa[2] = Mma<T>::pack(s[1][0], s[1][1]);
     pa[3] = Mma<T>::pack(s[1][2], s[1][3]);
+    if constexpr (kDirect) {
+      // Direct fp8: output n8 tile 4b + t holds dims 32b + 4n + t (n = the MMA column): a lane
+      // (n = quad_row) reads 4 bytes (dims 32b + 4n .. + 3) of each of its keys 2c, 2c + 1,
+      // 2c + 8, 2c + 9 and pairs the keys' bytes of one dim (byte_perm) for the B fragments.
+      const char* v_raw = stage + Tr::kRawTileBytes + (warp * 16 + 2 * quad_col) * Tr::kRawRowBytes + 4 * quad_row;
 #pragma unroll
-    for (int dd = 0; dd < Tr::kDTiles / 2; ++dd) {
-      uint32_t vb[4];
-      ldmatrix_x4_trans(vb, v_tile + (warp * 16 + (lane & 15)) * Tr::kRowStride + dd * 16 + (lane >> 4) * 8);
-      Mma<T>::mma(o[2 * dd], pa, vb[0], vb[1]);
-      Mma<T>::mma(o[2 * dd + 1], pa, vb[2], vb[3]);
+      for (int b = 0; b < Tr::kDTiles / 4; ++b) {
+        const char* src = v_raw + 32 * b;
+        const uint32_t u0 = *reinterpret_cast<const uint32_t*>(src);
+        const uint32_t u1 = *reinterpret_cast<const uint32_t*>(src + Tr::kRawRowBytes);
+        const uint32_t u8 = *reinterpret_cast<const uint32_t*>(src + 8 * Tr::kRawRowBytes);
+        const uint32_t u9 = *reinterpret_cast<const uint32_t*>(src + 9 * Tr::kRawRowBytes);
+        const uint2 lo01 = fp8x4_to_16bit<T>(__byte_perm(u0, u1, 0x5140), p.fp8_format);  // dims +0, +1
+        const uint2 hi01 = fp8x4_to_16bit<T>(__byte_perm(u0, u1, 0x7362), p.fp8_format);  // dims +2, +3
+        const uint2 lo89 = fp8x4_to_16bit<T>(__byte_perm(u8, u9, 0x5140), p.fp8_format);
+        const uint2 hi89 = fp8x4_to_16bit<T>(__byte_perm(u8, u9, 0x7362), p.fp8_format);
+        Mma<T>::mma(o[4 * b], pa, lo01.x, lo89.x);
+        Mma<T>::mma(o[4 * b + 1], pa, lo01.y, lo89.y);
+        Mma<T>::mma(o[4 * b + 2], pa, hi01.x, hi89.x);
+        Mma<T>::mma(o[4 * b + 3], pa, hi01.y, hi89.y);
+      }
+    } else {
+#pragma unroll
+      for (int dd = 0; dd < Tr::kDTiles / 2; ++dd) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_tile + (warp * 16 + (lane & 15)) * Tr::kRowStride + dd * 16 + (lane >> 4) * 8);
+        Mma<T>::mma(o[2 * dd], pa, vb[0], vb[1]);
+        Mma<T>::mma(o[2 * dd + 1], pa, vb[2], vb[3]);
+      }
     }
   }
   cp_async_wait<0>();
@@ -525,10 +606,23 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
       merge_m[warp * kDecodeRows + r] = m[h];
       merge_l[warp * kDecodeRows + r] = lsum;
     }
-    float* dst = merge_o + (warp * kDecodeRows + r) * Tr::kMergeRowStride + 2 * quad_col;
+    float* dst = merge_o + (warp * kDecodeRows + r) * Tr::kMergeRowStride;
+    if constexpr (kDirect) {
+      // Tile 4b + t, column 2c + e holds dim 32b + 8c + 4e + t.
 #pragma unroll
-    for (int d = 0; d < Tr::kDTiles; ++d) {
-      *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
+      for (int b = 0; b < Tr::kDTiles / 4; ++b) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          *reinterpret_cast<float4*>(dst + 32 * b + 8 * quad_col + 4 * e) =
+              make_float4(o[4 * b][2 * h + e], o[4 * b + 1][2 * h + e], o[4 * b + 2][2 * h + e],
+                          o[4 * b + 3][2 * h + e]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int d = 0; d < Tr::kDTiles; ++d) {
+        *reinterpret_cast<float2*>(dst + d * 8 + 2 * quad_col) = make_float2(o[d][2 * h], o[d][2 * h + 1]);
+      }
     }
   }
   __syncthreads();
@@ -708,8 +802,9 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
     for (int mt = 0; mt < MT; ++mt) {
       const float factor =
           transform_scores<NT>(s[mt], p, ctx, rows[mt], warp_row0 + mt * 16 + quad_row, key0, general, masked);
-      online_softmax_row<NT, Tr::kDTiles>(s[mt], 0, factor, m[mt][0], l[mt][0], o[mt]);
-      online_softmax_row<NT, Tr::kDTiles>(s[mt], 1, factor, m[mt][1], l[mt][1], o[mt]);
+      const float c0 = online_softmax_row<NT>(s[mt], 0, factor, m[mt][0], l[mt][0]);
+      const float c1 = online_softmax_row<NT>(s[mt], 1, factor, m[mt][1], l[mt][1]);
+      rescale_o(o[mt], c0, c1);
     }
 #pragma unroll
     for (int kk = 0; kk < kKeysPerTile / 16; ++kk) {
@@ -849,7 +944,8 @@ struct DecodeKernelTraits {
   using Tr = AttentionTraits<D, T, kFp8>;
   static constexpr bool kExists = D <= 128;
   static constexpr int kStages = 2;
-  static constexpr int kSmemBytes = kDecodeRows * Tr::kRowStride * 2 + kStages * Tr::kStageBytes + Tr::kConvertedBytes;
+  static constexpr int kSmemBytes =
+      kDecodeRows * Tr::kRowStride * 2 + kStages * Tr::kStageBytes + Tr::kDecodeConvertedBytes;
   static_assert(Tr::kMergeBytes <= kSmemBytes - kDecodeRows * Tr::kRowStride * 2);
   static constexpr int kMinCtasPerSm = 3;
 };

@@ -219,8 +219,7 @@ struct WgmmaKvRows {
   __device__ __forceinline__ static int row(int i) { return (threadIdx.x >> 3) + 16 * i; }
 
   // Page lookups of tile `tile` (rows outside the item's range and tiles past the last: zeros).
-  __device__ __forceinline__ void fetch(const AttentionKernelParams& p, const ItemContext& ctx, int tile,
-                                        int bs_shift) {
+  __device__ __forceinline__ void fetch(const AttentionKernelParams& p, const ItemContext& ctx, int tile) {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int pos = ctx.tile_base + tile * kKeysPerTile + row(i);
@@ -228,7 +227,7 @@ struct WgmmaKvRows {
       offset[i] = pos;
       block[i] = in_range ? 0 : -1;
       if (p.paged) {
-        const int blk_idx = bs_shift >= 0 ? pos >> bs_shift : pos / p.block_size;
+        const int blk_idx = page_index(p, ctx, pos);
         offset[i] = pos - blk_idx * p.block_size;
         if (in_range) {
           const int b = __ldg(p.block_table + ctx.item.request * p.block_table_stride + blk_idx);
@@ -298,45 +297,17 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&
 }
 
 // Logit transform (the mma.sync path's transform_scores) and online softmax of one 64-row block's
-// scores for this thread's rows r, r + 8; P packed as the A fragments of P . V. As
-// online_softmax_row, except that O is rescaled only when some row of the warp has a new maximum
-// (a correction of exactly 1 otherwise: exp2(0)).
+// scores for this thread's rows r, r + 8 (online_softmax_row, rescale_o); P packed as the A
+// fragments of P . V.
 template <int D, typename T>
 __device__ __forceinline__ void softmax_to_p(float (&s)[8][4], const AttentionKernelParams& p,
                                              const ItemContext& ctx, const RowRange (&rows)[2], int first_local_row,
                                              int key0, bool general, bool masked, float (&m)[2], float (&l)[2],
                                              float (&o)[D / 8][4], uint32_t (&pa)[4][4]) {
   const float factor = transform_scores<8>(s, p, ctx, rows, first_local_row, key0, general, masked);
-  float correction[2];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    float mx = neg_inf();
-#pragma unroll
-    for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * e], s[j][2 * e + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[e], mx * factor);
-    const float base = m_new == neg_inf() ? 0.f : m_new;
-    correction[e] = fast_exp2(m[e] - base);
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      s[j][2 * e] = fast_exp2(fmaf(s[j][2 * e], factor, -base));
-      s[j][2 * e + 1] = fast_exp2(fmaf(s[j][2 * e + 1], factor, -base));
-      sum += s[j][2 * e] + s[j][2 * e + 1];
-    }
-    l[e] = l[e] * correction[e] + sum;
-    m[e] = m_new;
-  }
-  if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d) {
-      o[d][0] *= correction[0];
-      o[d][1] *= correction[0];
-      o[d][2] *= correction[1];
-      o[d][3] *= correction[1];
-    }
-  }
+  const float c0 = online_softmax_row<8>(s, 0, factor, m[0], l[0]);
+  const float c1 = online_softmax_row<8>(s, 1, factor, m[1], l[1]);
+  rescale_o(o, c0, c1);
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     pa[ks][0] = Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]);
@@ -362,17 +333,15 @@ __device__ void run_prefill_item_wgmma(const AttentionKernelParams& p, const Ite
   const int quad_col = lane & 3;
   char* q_smem = smem;
   char* stages = smem + W::kQBytes;
-  const int bs = p.block_size;
-  const int bs_shift = p.paged && bs > 0 && (bs & (bs - 1)) == 0 ? __ffs(bs) - 1 : -1;
 
   load_q_swizzled<D, T>(p, ctx, q_smem);
   cp_async_commit();
   WgmmaKvRows<D> rows_next;  // page lookups of the next tile to copy
-  rows_next.fetch(p, ctx, 0, bs_shift);
+  rows_next.fetch(p, ctx, 0);
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) {
     const WgmmaKvRows<D> rows_now = rows_next;
-    rows_next.fetch(p, ctx, t + 1, bs_shift);
+    rows_next.fetch(p, ctx, t + 1);
     if (t < ctx.num_tiles) rows_now.copy(p, ctx, stages + t * 2 * W::kTileBytes);
     cp_async_commit();
   }
@@ -424,7 +393,7 @@ __device__ void run_prefill_item_wgmma(const AttentionKernelParams& p, const Ite
     bool refilled = false;
     auto refill = [&]() {
       const WgmmaKvRows<D> rows_now = rows_next;
-      rows_next.fetch(p, ctx, tile + 2, bs_shift);
+      rows_next.fetch(p, ctx, tile + 2);
       if (tile + 1 < ctx.num_tiles) rows_now.copy(p, ctx, stages + ((tile + 1) % kStages) * 2 * W::kTileBytes);
       cp_async_commit();
       refilled = true;
