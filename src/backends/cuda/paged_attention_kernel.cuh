@@ -17,9 +17,9 @@
 // Tiling: a CTA of 4 warps runs items in a persistent loop (grid <= resident CTAs; graph
 // capturable: the counts are read from device memory). Keys stream through shared memory in
 // tiles of 64 (cp.async 16-byte copies, zero-filled outside the item's range; the page id of
-// the next tile is fetched one iteration ahead). Up to 8 adjacent threads copy one key row, so a
-// warp request covers whole 128-byte lines of 4 rows (TileCopy). Q.K^T and P.V
-// run on tensor cores (mma.sync m16n8k16, f32 accumulate); K fragments via ldmatrix, V via
+// the next tile is fetched one iteration ahead). Up to 4 adjacent threads copy one key row, so a
+// warp request covers whole 32-byte sectors of 8 rows (TileCopy). Q.K^T and P.V run on tensor
+// cores (mma.sync m16n8k16, f32 accumulate); K fragments via ldmatrix, V via
 // ldmatrix.trans; shared rows are padded by 16 bytes (conflict-free ldmatrix for every head
 // size here). Online softmax in base 2 (scale folded with log2 e); O is rescaled only when a row
 // of the warp gets a new maximum. Page lookups take a shift for power-of-two block sizes.
@@ -251,14 +251,21 @@ __device__ __forceinline__ KVRowOffsets kv_row_offsets(const AttentionKernelPara
   return o;
 }
 
-// Copy mapping of a K/V tile: kThreadsPerRow adjacent threads copy one key row (up to 8 x 16
-// bytes = one 128-byte line per row per instruction, so a warp request touches 4 lines), rows
-// tid / kThreadsPerRow + i * kRowStep. Each thread owns kRowsPerThread rows of every tile.
+// Copy mapping of a K/V tile: kThreadsPerRow adjacent threads copy one key row, each at least 2
+// of its 16-byte chunks (chunk lane + k * kThreadsPerRow), up to 8 threads (a 128-byte line per
+// row and instruction); rows tid / kThreadsPerRow + i * kRowStep. Each thread owns
+// kRowsPerThread rows of every tile, and each row costs a page lookup and its address arithmetic:
+// 128-byte rows (fp8 at D = 128, 16-bit at D = 64) take 4 threads a row and 2 rows a thread (8
+// threads and 4 rows: fp8 decode 10-15% slower, the d 64 mixed batch 10%; H200, 2026-11-24);
+// 256-byte rows keep 8 threads (4 threads, i.e. half lines per instruction: bf16 decode at d 128
+// 5-10% slower).
 template <class Tr, bool kFp8>
 struct TileCopy {
   static constexpr int kChunks = kFp8 ? Tr::kRawChunks : Tr::kChunks;
-  static constexpr int kThreadsPerRow =
-      kChunks % 8 == 0 ? 8 : kChunks % 4 == 0 ? 4 : kChunks % 2 == 0 ? 2 : 1;
+  static constexpr int kThreadsPerRow = kChunks % 8 == 0 && kChunks >= 16  ? 8
+                                       : kChunks % 4 == 0 && kChunks >= 8 ? 4
+                                       : kChunks % 2 == 0 && kChunks >= 4 ? 2
+                                                                          : 1;
   static constexpr int kChunksPerThread = kChunks / kThreadsPerRow;
   static constexpr int kRowStep = kThreadsPerCta / kThreadsPerRow;
   static constexpr int kRowsPerThread = kRowStep >= kKeysPerTile ? 1 : kKeysPerTile / kRowStep;
