@@ -17,12 +17,13 @@
 // Tiling: a CTA of 4 warps runs items in a persistent loop (grid <= resident CTAs; graph
 // capturable: the counts are read from device memory). Keys stream through shared memory in
 // tiles of 64 (cp.async 16-byte copies, zero-filled outside the item's range; the page id of
-// the next tile is fetched one iteration ahead). Up to 4 adjacent threads copy one key row, so a
-// warp request covers whole 32-byte sectors of 8 rows (TileCopy). Q.K^T and P.V run on tensor
-// cores (mma.sync m16n8k16, f32 accumulate); K fragments via ldmatrix, V via
-// ldmatrix.trans; shared rows are padded by 16 bytes (conflict-free ldmatrix for every head
-// size here). Online softmax in base 2 (scale folded with log2 e); O is rescaled only when a row
-// of the warp gets a new maximum. Page lookups take a shift for power-of-two block sizes.
+// the next tile is fetched one iteration ahead). 2 to 8 adjacent threads copy one key row, each
+// at least two 16-byte chunks of it (TileCopy: 256-byte rows 8 threads, whole 128-byte lines of 4
+// rows per warp request; 128-byte rows 4). Q.K^T and P.V run on tensor cores (mma.sync
+// m16n8k16, f32 accumulate); K fragments via ldmatrix, V via ldmatrix.trans; shared rows are
+// padded by 16 bytes (conflict-free ldmatrix for every head size here). Online softmax in base 2
+// (scale folded with log2 e); O is rescaled only when a row of the warp gets a new maximum. Page
+// lookups take a shift for power-of-two block sizes.
 //   decode path  (<= 16 rows): Q in registers; warp w takes keys [16w, 16w+16) of each tile;
 //                3-stage pipeline (4 for fp8); the 4 warps' (m, l, o) are merged through shared
 //                memory.
@@ -293,7 +294,7 @@ __device__ __forceinline__ void fetch_blocks(const AttentionKernelParams& p, con
 }
 
 // Issues the copies of K and V tile `tile` into a stage. 16-bit: rows of kRowStride elements;
-// fp8: raw rows of D bytes, kRawRowBytes apart (converted later). kNarrow (head_size_qk or head_size_v < D): the
+// fp8: raw rows of D bytes, kRawRowBytes apart. kNarrow (head_size_qk or head_size_v < D): the
 // chunks past a row's k_chunks / v_chunks are zero-filled (no global read).
 template <class Tr, bool kFp8, bool kNarrow>
 __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p, const ItemContext& ctx,
