@@ -84,12 +84,23 @@ void print_run_report(const RunReport& r, std::ostream& os) {
     os << "\ncheck: " << r.checked_steps << " of " << s.steps << " steps re-run on REFERENCE (every "
        << o.check_interval << (o.check_interval == 1 ? "" : "th") << " step), max ||out - ref|| / ||ref|| per layer, tolerance "
        << format_sig(r.layers.empty() ? 0 : r.layers.front().tolerance, 2) << "\n";
-    TextTable c({"layer", "kind", "backend", "steps", "max rel error", "result"});
+    // The checked steps' forward times, the layer's backend beside REFERENCE on the same inputs.
+    TextTable c({"layer", "kind", "backend", "steps", "max rel error", "result", "forward", "REFERENCE", "speedup"});
+    double checked = 0, reference = 0;
     for (const LayerReport& l : r.layers) {
+      const bool ran = l.checked_steps > 0;
       c.add_row({l.name, l.kind, l.backend, std::to_string(l.checked_steps), format_sig(l.max_rel_error, 3),
-                 l.checked_steps == 0 ? "not run" : (l.passed() ? "pass" : "FAIL")});
+                 !ran ? "not run" : (l.passed() ? "pass" : "FAIL"), ran ? format_seconds(l.checked_seconds) : "",
+                 ran ? format_seconds(l.reference_seconds) : "",
+                 ran && l.checked_seconds > 0 ? format_sig(l.reference_seconds / l.checked_seconds, 3) + "x" : ""});
+      checked += l.checked_seconds;
+      reference += l.reference_seconds;
     }
     c.print(os);
+    if (checked > 0) {
+      os << "checked steps: forward " << format_seconds(checked) << ", REFERENCE " << format_seconds(reference)
+         << " on the same inputs (" << format_sig(reference / checked, 3) << "x)\n";
+    }
     os << (r.check_passed ? "check passed\n" : "check FAILED: a layer differs from REFERENCE beyond the tolerance\n");
   } else {
     os << "\nlayers: ";
@@ -180,6 +191,8 @@ std::string run_report_json(const RunReport& r) {
       lj["max_rel_error"] = l.max_rel_error;
       lj["tolerance"] = l.tolerance;
       lj["passed"] = l.passed();
+      lj["checked_seconds"] = l.checked_seconds;
+      lj["reference_seconds"] = l.reference_seconds;
     }
     layers.push_back(lj);
   }

@@ -64,6 +64,8 @@ struct LayerState {
   int ref_group = -1;
   double max_rel_error = 0;
   int checked_steps = 0;
+  double checked_seconds = 0;    // the layer's forward on the checked steps
+  double reference_seconds = 0;  // REFERENCE's forward of the same steps
 
   const std::string& name() const { return mla ? mla->name() : layer->name(); }
   const AttentionBackend& backend() const { return mla ? mla->backend() : layer->backend(); }
@@ -632,7 +634,10 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
                         Shape{num_tokens, heads, dim}, pool.device());
     };
     const Tensor& pool = o.device == Device::cpu ? pool_host : pool_device;
-    auto record_error = [&](const TensorView& out, const TensorView& ref_out) {
+    // One checked step of the layer: its error against REFERENCE and both forwards' times.
+    auto record_error = [&](const TensorView& out, const TensorView& ref_out, double seconds, double ref_seconds) {
+      l.checked_seconds += seconds;
+      l.reference_seconds += ref_seconds;
       double err;
       if (o.device == Device::cpu) {
         err = output_relative_error(out, ref_out);
@@ -658,7 +663,8 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
       auto t0 = Clock::now();
       l.mla->forward(q, kv_c, k_pe, l.cache.view(), *metadata[static_cast<size_t>(l.group)], out);
       if (o.device == Device::cuda) synchronize_cuda();
-      rec.forward_seconds += seconds_since(t0);
+      const double seconds = seconds_since(t0);
+      rec.forward_seconds += seconds;
       if (!check) continue;
       TensorView qh = at(pool_host, q_off, {num_tokens, hq, qk}), kv_ch = at(pool_host, k_off, {num_tokens, lora});
       TensorView k_peh = at(pool_host, v_off, {num_tokens, rope});
@@ -667,8 +673,9 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
         continue;
       }
       TensorView ref_out(ref_output.data(), o.dtype, Shape{num_tokens, hq, vdim}, Device::cpu);
+      const auto t_ref = Clock::now();
       l.ref_mla->forward(qh, kv_ch, k_peh, l.ref_cache.view(), *ref_metadata[static_cast<size_t>(l.ref_group)], ref_out);
-      record_error(out, ref_out);
+      record_error(out, ref_out, seconds, seconds_since(t_ref));
       continue;
     }
     TensorView q = view(pool, q_off, hq, d), k = view(pool, k_off, hkv, d), v = view(pool, v_off, hkv, dv);
@@ -678,7 +685,8 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
     auto t0 = Clock::now();
     ctx.forward(*l.layer, q, k, v, out);
     if (o.device == Device::cuda) synchronize_cuda();
-    rec.forward_seconds += seconds_since(t0);
+    const double seconds = seconds_since(t0);
+    rec.forward_seconds += seconds;
 
     if (!check) continue;
     TensorView qh = view(pool_host, q_off, hq, d), kh = view(pool_host, k_off, hkv, d), vh = view(pool_host, v_off, hkv, dv);
@@ -688,8 +696,9 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
       continue;
     }
     TensorView ref_out(ref_output.data(), o.dtype, Shape{num_tokens, hq, dv}, Device::cpu);
+    const auto t_ref = Clock::now();
     ref_ctx.forward(*l.ref_layer, qh, kh, vh, ref_out);
-    record_error(out, ref_out);
+    record_error(out, ref_out, seconds, seconds_since(t_ref));
   }
 
   // Accounting: the work the step asked of every layer.
@@ -767,6 +776,8 @@ RunReport Simulation::run(std::ostream* progress) {
     lr.checked_steps = l.checked_steps;
     lr.max_rel_error = l.max_rel_error;
     lr.tolerance = s.tolerance;
+    lr.checked_seconds = l.checked_seconds;
+    lr.reference_seconds = l.reference_seconds;
     if (s.check && l.checked_steps > 0 && !lr.passed()) report.check_passed = false;
     report.layers.push_back(lr);
   }

@@ -73,6 +73,8 @@ struct LayerReport {
   int checked_steps = 0;
   double max_rel_error = 0;
   double tolerance = 0;
+  double checked_seconds = 0;         // the layer's forward on the checked steps
+  double reference_seconds = 0;       // REFERENCE's forward of the same steps (same inputs)
   bool passed() const { return max_rel_error <= tolerance; }
 };
 

@@ -76,6 +76,7 @@ TEST(CliRun, DefaultPresetChecksAndWritesJson) {
                      "--system-prompt-len", "40", "--max-num-seqs", "2", "--no-peaks", "--json", json.string()});
   ASSERT_EQ(r.code, kExitOk) << r.err << r.out;
   EXPECT_NE(r.out.find("check passed"), std::string::npos) << r.out;  // --check is the tiny default
+  EXPECT_NE(r.out.find("checked steps: forward "), std::string::npos) << r.out;  // beside REFERENCE's time
   EXPECT_NE(r.err.find("pagedattn run: step"), std::string::npos) << "progress lines (stderr is not a tty)";
   std::ifstream in(json);
   nlohmann::json j = nlohmann::json::parse(in);
@@ -85,6 +86,7 @@ TEST(CliRun, DefaultPresetChecksAndWritesJson) {
   EXPECT_GT(j["scheduler"]["prefix_shared_tokens"].get<int>(), 0);
   EXPECT_TRUE(j["check"]["passed"].get<bool>());
   EXPECT_EQ(j["layers"].size(), 4u);
+  for (const auto& l : j["layers"]) EXPECT_GT(l["reference_seconds"].get<double>(), 0.0);
   EXPECT_GT(j["performance"]["flops"].get<double>(), 0);
   EXPECT_EQ(j["steps"].size(), j["scheduler"]["steps"].get<size_t>());
   std::filesystem::remove(json);
@@ -114,6 +116,9 @@ TEST(Simulation, FinishesEveryRequestFreesEveryBlockAndMatchesReference) {
   for (const LayerReport& l : r.layers) {
     EXPECT_GT(l.checked_steps, 0);
     EXPECT_LE(l.max_rel_error, l.tolerance);
+    // Both forwards of the checked steps were timed (the speedup the report prints).
+    EXPECT_GT(l.checked_seconds, 0.0);
+    EXPECT_GT(l.reference_seconds, 0.0);
   }
   EXPECT_EQ(r.groups.size(), 2u);  // sliding window and full: one builder each
   EXPECT_EQ(r.stats.scheduled_tokens, r.requested_tokens - r.stats.prefix_hit_tokens + r.stats.discarded_tokens);
