@@ -60,8 +60,8 @@ Command add_run_command(CLI::App& parent) {
       "a request's blocks and recomputes it. Prints steps, tokens, attention time, tokens/s, KV "
       "bandwidth and FLOP/s as fractions of the peaks `pagedattn calibrate` measured. --check (default "
       "for tiny) re-runs sampled steps on REFERENCE (REFERENCE_MLA for MLA layers), fails beyond the "
-      "DESIGN.md tolerance, and prints both forwards' times on those steps. MLA layers (deepseek-v3) run MLAAttention with one random kv_b_proj weight "
-      "shared by every layer. A model no backend can run fails with the selector's reasons. Exit codes: 0 "
+      "DESIGN.md tolerance, and prints both forwards' times on those steps. MLA layers (deepseek-v3) run "
+      "MLAAttention with one random kv_b_proj weight shared by every layer. A model no backend can run fails with the selector's reasons. Exit codes: 0 "
       "ok, 1 check failed, 2 bad arguments, 3 no backend can run the model.");
   app->add_option("--preset", f->preset, "model preset: " + join(preset_names(), ", "))->capture_default_str();
   app->add_option("--layers", f->layers, "number of layers (default: the preset's); the preset's layer pattern repeats");

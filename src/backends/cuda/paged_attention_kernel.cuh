@@ -942,10 +942,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, KernelVariantTraits<D, T, kFp8
 // shared memory (D = 128: 74 KB) let 3 CTAs share an SM instead of 2. It still computes any plan
 // exactly (prefill-path items in 16-row slices), so a graph captured with it replays any plan.
 // A decode item's math is latency-bound (one 16-row MMA chain per warp per tile), so it is the
-// number of independent CTAs
-// per SM, not the pipeline depth, that hides it behind the copies (bench/kv_access_probe.cu
-// measured both: 3-stage CTAs x 2 lose 20-25% of their copy rate to a decode tile's worth of
-// math, 2-stage CTAs x 3 about 5%). Head sizes <= 128 (beyond, the o accumulators alone would
+// number of independent CTAs per SM, not the pipeline depth, that hides it behind the copies
+// (bench/kv_access_probe.cu measured both: 3-stage CTAs x 2 lose 20-25% of their copy rate to a
+// decode tile's worth of math, 2-stage CTAs x 3 about 5%). Head sizes <= 128 (beyond, the o accumulators alone would
 // need 128 registers).
 template <int D, typename T, bool kFp8>
 struct DecodeKernelTraits {
