@@ -10,7 +10,7 @@
 //   KV bytes   = sum_r seq_len_r * Hkv * (D + Dv) * sizeof(kv)   (each byte once per group)
 //   FLOPs      = 4 * D * Hq * sum over query rows of visible keys (causal counted exactly)
 //   floor      = max(bytes / copy bandwidth, FLOPs / GEMM rate)
-// Kernel variants (src/backends/cuda/attention_kernel_choice.h): --kernels auto,mma,unified times each
+// Kernel variants (src/backends/cuda/attention_kernel_choice.h): --kernels auto,mma,wgmma,ws,unified,... times each
 // selected case once per listed variant, in alternation, --passes times (same-run comparisons of
 // old and new paths); the JSON rows then carry "kernel" and "pass".
 #include <cublas_v2.h>
@@ -291,14 +291,14 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--out FILE.json] [--only [=]NAME_SUBSTRING[|[=]NAME_SUBSTRING...]] "
-                   "[--kv auto|fp8_e4m3] [--head-size D] [--block-size N] [--kernels auto,mma,unified,decode] "
+                   "[--kv auto|fp8_e4m3] [--head-size D] [--block-size N] [--kernels auto,mma,wgmma,ws,ws-unified,unified,decode] "
                    "[--passes N]\n",
                    argv[0]);
       return 2;
     }
   }
   // Kernel variants to alternate (empty: the environment's choice, one row per case): auto (every
-  // default), mma (the mma.sync prefill path), unified (no decode-only kernel), decode (the decode-only kernel for every decode batch).
+  // default), mma (the mma.sync prefill path), ws (the warp-specialized kernel; ws-unified: also for decode batches), wgmma (the one-warpgroup wgmma path), unified (no decode-only kernel), decode (the decode-only kernel for every decode batch).
   struct KernelVariant {
     std::string name;
     cuda::AttentionKernelChoice prefill;
@@ -312,6 +312,9 @@ int main(int argc, char** argv) {
     const KernelVariant known[] = {
         {"auto", cuda::AttentionKernelChoice::automatic, cuda::DecodeKernelChoice::automatic},
         {"mma", cuda::AttentionKernelChoice::mma, cuda::DecodeKernelChoice::automatic},
+        {"ws", cuda::AttentionKernelChoice::ws, cuda::DecodeKernelChoice::automatic},
+        {"wgmma", cuda::AttentionKernelChoice::wgmma, cuda::DecodeKernelChoice::automatic},
+        {"ws-unified", cuda::AttentionKernelChoice::ws, cuda::DecodeKernelChoice::unified},
         {"unified", cuda::AttentionKernelChoice::automatic, cuda::DecodeKernelChoice::unified},
         {"decode", cuda::AttentionKernelChoice::automatic, cuda::DecodeKernelChoice::decode}};
     bool found = false;

@@ -20,6 +20,7 @@
 
 #include "../../src/backends/cuda/attention_kernel_choice.h"
 #include "../../src/backends/cuda/cuda_backend_internal.h"
+#include "../../src/backends/cuda/kernel_launch.h"
 #include "conformance/harness.h"
 #include "gpu_test_util.h"
 
@@ -172,9 +173,36 @@ TEST(CudaKernelVariants, WgmmaImageLoadsOnHopper) {
   EXPECT_TRUE(cuda::wgmma_kernels_available()) << "the sm_90a image is not the one the device runs";
 }
 
+// Which kernel runs (the warp-specialized one: 1 CTA of 384 threads per SM; the paged attention
+// kernel: 2 at head sizes <= 128): under auto 16-bit head size 128 takes it, 64 and fp8 caches do
+// not; under ws 64 and 128 take it; under wgmma none does.
+TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
+  PAGEDATTN_REQUIRE_GPU();
+  if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device";
+  {
+    const ChoiceGuard guard(AttentionKernelChoice::automatic);
+    EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false).ctas_per_sm, 1);
+    EXPECT_EQ(cuda::attention_kernel_info(64, DType::bf16, false).ctas_per_sm, 2);
+    EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true).ctas_per_sm, 2);
+  }
+  {
+    const ChoiceGuard guard(AttentionKernelChoice::wgmma);
+    EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false).ctas_per_sm, 2);
+  }
+  const ChoiceGuard guard(AttentionKernelChoice::ws);
+  EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false).ctas_per_sm, 1);
+  EXPECT_EQ(cuda::attention_kernel_info(64, DType::f16, false).ctas_per_sm, 1);
+  EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, true).ctas_per_sm, 2);
+}
+
 TEST(CudaKernelVariants, WgmmaPrefillMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
-  run_all(AttentionKernelChoice::automatic, {64, 128, 256}, 0x3A11);
+  run_all(AttentionKernelChoice::wgmma, {64, 128, 256}, 0x3A11);
+}
+
+TEST(CudaKernelVariants, WarpSpecializedMatchesReference) {
+  PAGEDATTN_REQUIRE_GPU();
+  run_all(AttentionKernelChoice::ws, {64, 128}, 0x5E11);
 }
 
 TEST(CudaKernelVariants, MmaPrefillMatchesReference) {
@@ -243,6 +271,14 @@ void run_decode_cases(cuda::DecodeKernelChoice choice, uint64_t seed0) {
     EXPECT_EQ(decode_plans, run) << "decode: every decode batch takes the decode-only kernel";
   }
   std::cout << "[ variants ] " << run << " decode cases run, " << decode_plans << " on the decode-only kernel\n";
+}
+
+// Decode items on the warp-specialized kernel (unified: no decode-only plans; head sizes 80 / 96,
+// fp8 caches and head_size_v != head_size keep the paged attention kernel).
+TEST(CudaKernelVariants, WarpSpecializedDecodeMatchesReference) {
+  PAGEDATTN_REQUIRE_GPU();
+  const ChoiceGuard guard(AttentionKernelChoice::ws);
+  run_decode_cases(cuda::DecodeKernelChoice::unified, 0x5EDC);
 }
 
 TEST(CudaKernelVariants, DecodeKernelMatchesReference) {
@@ -315,6 +351,8 @@ TEST(CudaKernelVariants, PrefillKernelEnvValues) {
   EXPECT_EQ(cuda::parse_prefill_kernel_choice(""), AttentionKernelChoice::automatic);
   EXPECT_EQ(cuda::parse_prefill_kernel_choice("auto"), AttentionKernelChoice::automatic);
   EXPECT_EQ(cuda::parse_prefill_kernel_choice("mma"), AttentionKernelChoice::mma);
+  EXPECT_EQ(cuda::parse_prefill_kernel_choice("ws"), AttentionKernelChoice::ws);
+  EXPECT_EQ(cuda::parse_prefill_kernel_choice("wgmma"), AttentionKernelChoice::wgmma);
   try {
     cuda::parse_prefill_kernel_choice("wgmma2");
     ADD_FAILURE() << "no Error for an unknown value";

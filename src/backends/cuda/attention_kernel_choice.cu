@@ -74,9 +74,14 @@ void store_choice(std::atomic<int>& forced, std::optional<Choice> choice) {
 AttentionKernelChoice parse_prefill_kernel_choice(const char* value) {
   return static_cast<AttentionKernelChoice>(parse_choice(
       "PAGEDATTN_CUDA_PREFILL_KERNEL", value,
-      {{"auto", static_cast<int>(AttentionKernelChoice::automatic)}, {"mma", static_cast<int>(AttentionKernelChoice::mma)}},
-      "auto (wgmma for head sizes 64, 128 and 256 with 16-bit caches on sm_90a, mma.sync elsewhere) or mma "
-      "(the mma.sync prefill path everywhere)"));
+      {{"auto", static_cast<int>(AttentionKernelChoice::automatic)},
+       {"mma", static_cast<int>(AttentionKernelChoice::mma)},
+       {"ws", static_cast<int>(AttentionKernelChoice::ws)},
+       {"wgmma", static_cast<int>(AttentionKernelChoice::wgmma)}},
+      "auto (with 16-bit caches on sm_90a: the warp-specialized kernel for head size 128, wgmma for 64 and "
+      "256; mma.sync elsewhere), mma (the mma.sync prefill path everywhere), wgmma (the one-warpgroup wgmma "
+      "path for head sizes 64, 128 and 256, mma.sync elsewhere) or ws (the warp-specialized kernel for head "
+      "sizes 64 and 128, auto elsewhere)"));
 }
 
 AttentionKernelChoice attention_kernel_choice() {
@@ -123,6 +128,7 @@ const char* kernel_variant_name(int variant) {
   switch (variant) {
     case kVariantMma: return "mma";
     case kVariantWgmma: return "wgmma";
+    case kVariantWs: return "ws";
     default: return "unknown";
   }
 }

@@ -6,11 +6,18 @@
 // only in speed and resources:
 //   kVariantMma        decode path + the mma.sync prefill path (every head size, fp8 caches);
 //   kVariantWgmma      decode path + the Hopper wgmma prefill path (paged_prefill_wgmma.cuh):
-//                      16-bit caches, head sizes 64, 128 and 256, sm_90a only.
+//                      16-bit caches, head sizes 64, 128 and 256, sm_90a only;
+//   kVariantWs         the warp-specialized kernel (paged_attention_ws.cuh: a producer warpgroup
+//                      and two wgmma consumer warpgroups, one code path for every item): 16-bit
+//                      caches, head sizes 64 and 128 (equal head_size_v), sm_90a only.
 //
-// PAGEDATTN_CUDA_PREFILL_KERNEL (read once): "auto" (default: wgmma where it exists and the
-// device loads the sm_90a image, mma.sync elsewhere) or "mma" (the mma.sync prefill path for
-// every launch). Any other value is an Error naming the variable.
+// PAGEDATTN_CUDA_PREFILL_KERNEL (read once): "auto" (default: on a device that loads the sm_90a
+// image, the warp-specialized kernel for head size 128 and wgmma for 64 and 256; mma.sync
+// elsewhere), "mma" (the mma.sync prefill path for every launch), "wgmma" (the one-warpgroup
+// wgmma path where it exists) or "ws" (the warp-specialized kernel where it exists, head sizes 64
+// and 128). Any other value is an Error naming the variable. (Head size 64 stays on wgmma under
+// auto: the warp-specialized kernel's prefill is faster there but its mixed batch slower,
+// 0.20 vs 0.175 ms; docs/perf/cuda.md.)
 #pragma once
 
 #include <optional>
@@ -20,9 +27,10 @@ namespace pagedattn::cuda {
 enum KernelVariant : int {
   kVariantMma = 0,
   kVariantWgmma = 1,
+  kVariantWs = 2,
 };
 
-enum class AttentionKernelChoice { automatic, mma };
+enum class AttentionKernelChoice { automatic, mma, ws, wgmma };
 
 // The override when set, else PAGEDATTN_CUDA_PREFILL_KERNEL (parsed at the first call).
 AttentionKernelChoice attention_kernel_choice();
@@ -52,7 +60,7 @@ void set_decode_kernel_choice(std::optional<DecodeKernelChoice> choice);
 // Whether the current device loads the sm_90a (wgmma) image of this build's kernels.
 bool wgmma_kernels_available();
 
-// Name of a variant ("mma", "wgmma").
+// Name of a variant ("mma", "wgmma", "ws").
 const char* kernel_variant_name(int variant);
 
 }  // namespace pagedattn::cuda

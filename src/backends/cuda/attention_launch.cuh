@@ -9,11 +9,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 #include "backends/cuda/attention_kernel_choice.h"
 #include "backends/cuda/kernel_launch.h"
 #include "backends/cuda/paged_attention_kernel.cuh"
+#include "backends/cuda/paged_attention_ws.cuh"
 
 namespace pagedattn::cuda {
 
@@ -39,19 +42,34 @@ void configure_kernel() {
                         "cudaFuncSetAttribute(paged_attention_kernel)");
 }
 
+// Whether the warp-specialized kernel's 32-bit byte strides hold this launch's K/V (always for
+// the caches and current rows of real models: a block of 16 tokens x 8 heads x 128 is 32 KB).
+inline bool ws_strides_fit(const AttentionKernelParams& p) {
+  const int64_t limit = int64_t{1} << 32;
+  const int64_t rows = p.paged ? std::max(1, p.block_size) : 1;
+  return p.k_block_stride * 2 < limit && p.v_block_stride * 2 < limit && rows * p.k_token_stride * 2 < limit &&
+         rows * p.v_token_stride * 2 < limit;
+}
+
 // The variant for head size D and this cache under the current choice; `equal_dims`: the layer's
-// head_size == head_size_v == D (the wgmma path has no narrow-row copies).
+// head_size == head_size_v == D (the wgmma path has no narrow-row copies); `ws_fits`: the launch's
+// strides suit the warp-specialized kernel (ws_strides_fit; true when the builder asks).
 template <int D, bool kFp8>
-int select_kernel_variant(bool equal_dims) {
+int select_kernel_variant(bool equal_dims, bool ws_fits = true) {
   const AttentionKernelChoice choice = attention_kernel_choice();
+  if constexpr (WsTraits<D>::kSupported && !kFp8) {
+    const bool want_ws =
+        choice == AttentionKernelChoice::ws || (choice == AttentionKernelChoice::automatic && D == 128);
+    if (want_ws && equal_dims && ws_fits && wgmma_kernels_available()) return kVariantWs;
+  }
   if constexpr (WgmmaPrefillTraits<D>::kSupported && !kFp8) {
     if (choice != AttentionKernelChoice::mma && equal_dims && wgmma_kernels_available()) return kVariantWgmma;
   }
   return kVariantMma;
 }
 
-// Calls f.template operator()<kVariant>() for the runtime variant (only the variants that exist
-// for (D, kFp8) are instantiated).
+// Calls f.template operator()<kVariant>() for the runtime variant (only the variants of the paged
+// attention kernel that exist for (D, kFp8) are instantiated; kVariantWs is the caller's).
 template <int D, bool kFp8, class F>
 void with_kernel_variant(int variant, F&& f) {
   if constexpr (WgmmaPrefillTraits<D>::kSupported && !kFp8) {
@@ -68,6 +86,14 @@ void configure_decode_kernel() {
                         DecodeKernelTraits<D, T, kFp8>::kSmemBytes, "cudaFuncSetAttribute(paged_decode_kernel)");
 }
 
+// The warp-specialized kernel (paged_attention_ws.cuh): shared-memory limit raised once per device.
+template <int D, typename T>
+void configure_ws_kernel() {
+  static std::atomic<uint64_t> configured_devices{0};
+  raise_smem_limit_once(configured_devices, reinterpret_cast<const void*>(paged_attention_ws_kernel<D, T>),
+                        WsTraits<D>::kSmemBytes, "cudaFuncSetAttribute(paged_attention_ws_kernel)");
+}
+
 template <int D, typename T, bool kFp8>
 AttentionKernelInfo attention_kernel_info_for() {
   AttentionKernelInfo info;
@@ -77,7 +103,19 @@ AttentionKernelInfo attention_kernel_info_for() {
                                                   kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kSmemBytes);
     check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_decode_kernel)");
   }
-  with_kernel_variant<D, kFp8>(select_kernel_variant<D, kFp8>(true), [&]<int kVariant>() {
+  const int variant = select_kernel_variant<D, kFp8>(true);
+  if constexpr (WsTraits<D>::kSupported && !kFp8) {
+    if (variant == kVariantWs) {
+      configure_ws_kernel<D, T>();
+      info.smem_bytes = WsTraits<D>::kSmemBytes;
+      info.rows_prefill = WsTraits<D>::kRows;
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_ws_kernel<D, T>,
+                                                    WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes);
+      check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_ws_kernel)");
+      return info;
+    }
+  }
+  with_kernel_variant<D, kFp8>(variant, [&]<int kVariant>() {
     using V = KernelVariantTraits<D, T, kFp8, kVariant>;
     configure_kernel<D, T, kFp8, kVariant>();
     info.smem_bytes = V::kSmemBytes;
@@ -111,7 +149,16 @@ void launch_for(const AttentionKernelParams& params, int grid, bool decode_kerne
     }
   }
   const bool equal_dims = params.head_size_qk == D && params.head_size_v == D;
-  with_kernel_variant<D, kFp8>(select_kernel_variant<D, kFp8>(equal_dims), [&]<int kVariant>() {
+  const int variant = select_kernel_variant<D, kFp8>(equal_dims, ws_strides_fit(params));
+  if constexpr (WsTraits<D>::kSupported && !kFp8) {
+    if (variant == kVariantWs) {
+      configure_ws_kernel<D, T>();
+      paged_attention_ws_kernel<D, T><<<grid, WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes, stream>>>(params);
+      check_launch("paged_attention_ws_kernel");
+      return;
+    }
+  }
+  with_kernel_variant<D, kFp8>(variant, [&]<int kVariant>() {
     configure_kernel<D, T, kFp8, kVariant>();
     paged_attention_kernel<D, T, kFp8, kVariant>
         <<<grid, kThreadsPerCta, KernelVariantTraits<D, T, kFp8, kVariant>::kSmemBytes, stream>>>(params);

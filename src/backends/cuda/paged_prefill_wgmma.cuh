@@ -86,6 +86,14 @@ namespace wgmma {
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define PAGEDATTN_WGMMA_SS_M64N128K16(TYPE)                                  \
+  asm volatile(                                                             \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                        \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"       \
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"  \
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                  \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 #define PAGEDATTN_WGMMA_RS_M64N64K16_TB(TYPE)                              \
   asm volatile(                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                        \
@@ -158,6 +166,14 @@ struct Ops {
       PAGEDATTN_WGMMA_SS_M64N64K16("f16");
     }
   }
+  static __device__ __forceinline__ void ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
+                                                 int scale_d) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      PAGEDATTN_WGMMA_SS_M64N128K16("bf16");
+    } else {
+      PAGEDATTN_WGMMA_SS_M64N128K16("f16");
+    }
+  }
   template <int N>
   static __device__ __forceinline__ void rs_tb(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
     if constexpr (N == 64) {
@@ -183,6 +199,7 @@ struct Ops {
   }
 };
 #undef PAGEDATTN_WGMMA_SS_M64N64K16
+#undef PAGEDATTN_WGMMA_SS_M64N128K16
 #undef PAGEDATTN_WGMMA_RS_M64N64K16_TB
 #undef PAGEDATTN_WGMMA_RS_M64N128K16_TB
 #undef PAGEDATTN_WGMMA_RS_M64N256K16_TB

@@ -14,9 +14,11 @@
 
 namespace pagedattn::cuda {
 
-// Byte offset of 16-byte chunk `chunk` of row `row` (0..63) of a swizzled 64-row tile.
+// Byte offset of 16-byte chunk `chunk` of row `row` (0..kRows-1) of a swizzled tile of kRows rows
+// (column blocks of kRows rows x 128 bytes).
+template <int kRows = 64>
 __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
-  return (chunk >> 3) * (64 * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+  return (chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
 namespace wgmma {
@@ -59,4 +61,51 @@ __device__ __forceinline__ void fence_async_smem() {
 }
 
 }  // namespace wgmma
+
+// Shared-memory barriers (mbarrier) of the warp-specialized kernels: a phase completes when its
+// expected number of arrivals happened; waiters name the parity of the phase they wait for.
+namespace mbar {
+__device__ __forceinline__ void init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_addr(bar))
+               : "memory");
+}
+// One arrival when every cp.async this thread issued so far has landed (the count at init
+// includes it: .noinc).
+__device__ __forceinline__ void arrive_on_copies(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// try_wait with a suspend-time hint: the thread sleeps until the phase completes (or the hint,
+// in ns, runs out) instead of spinning on issue slots the other warps need.
+__device__ __forceinline__ bool try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity), "r"(0x989680)
+      : "memory");
+  return done != 0;
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
+  while (!try_wait(bar, parity)) {
+  }
+}
+}  // namespace mbar
+
+// Register budget of a warpgroup (every thread of it executes the call; sm_90a).
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_regs_dec() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void warpgroup_regs_inc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
 }  // namespace pagedattn::cuda

@@ -1,0 +1,480 @@
+// Warp-specialized Hopper kernel of the paged attention (kVariantWs, attention_kernel_choice.h):
+// 16-bit caches, head sizes D = 64 and 128 (head_size == head_size_v == D), sm_90a. It computes
+// exactly what paged_attention_kernel computes for the same plan (attention_plan.h: every work
+// item, decode-path or prefill-path, split or not), with one code path for both kinds of item.
+//
+// CTA: 3 warpgroups, 1 CTA per SM, persistent over the plan's items (the same strided schedule as
+// the other kernels).
+//   producer (warpgroup 0, 40 registers after setmaxnreg): copies with cp.async (16-byte chunks,
+//            8 threads a key row, zero-filled outside the item's key range) the item's packed
+//            query rows and its K/V tiles of 128 keys into a ring of kStages stages; each thread
+//            signals a stage's "full" barrier when its own copies have landed
+//            (cp.async.mbarrier.arrive.noinc), waits for the "empty" barrier before refilling.
+//            It runs ahead of the consumers across items: a consumer releases the Q buffer as
+//            soon as its last S of the item is done, so the next item's Q and first tiles are in
+//            flight while the last P . V products run.
+//   consumers (warpgroups 1 and 2, 232 registers): each owns 64 of the item's 128 packed rows
+//            (the wgmma M) and sees every key tile; a consumer whose rows see none of a tile's
+//            keys (causal tails, decode items of <= 64 rows for consumer 2) only waits for and
+//            releases the stage; a warp without live rows skips the softmax.
+// Per consumer and tile t (FlashAttention-3's in-warpgroup pipelining; registers: S 64, O D/2,
+// P 32 a thread):
+//   issue S_{t+1} = Q . K_{t+1}^T   (wgmma m64n128k16, both operands in shared memory, K-major)
+//   issue O += P_t . V_t            (wgmma m64nDk16, P from registers, V N-major)
+//   wait for S_{t+1}; logit transform / masks (transform_scores) and online softmax of S_{t+1}
+//        while P_t . V_t runs on the tensor core;
+//   wait for P_t . V_t; release stage t; O *= the correction of t+1; P_{t+1} packed.
+// The two consumers run unsynchronized: one's softmax overlaps the other's MMAs too.
+//
+// Shared memory (1024-byte aligned, every tile 128-byte swizzled as column blocks of rows x 128
+// bytes, wgmma_common.cuh): kQBuffers x Q (2 x 64 rows x D), kStages x [K tile, V tile] (128 keys
+// x D each), then the barriers. D = 128: 32 KB + 3 x 64 KB = 224 KB; D = 64: 2 x 16 KB + 4 x
+// 32 KB = 160 KB.
+//
+// Memory traffic and floor: each K/V byte of an item's key range once per item (the GQA group
+// packed into the rows, so once per group for decodes), Q and O once; floor = max(KV bytes / copy
+// bandwidth, 4 * rows * visible keys * D / MMA rate). A decode item wastes MMA rows (4 live of
+// 64) but its tile time is the copy's, about 2 us per 64 KB tile at a 132nd of 4.2 TB/s, against
+// ~1 us of MMA + softmax: still copy-bound.
+//
+// Precision points: as the other paths (f32 logits, softmax state and O; P rounded to the
+// activation type for P . V, the row sums from the f32 P; output rounded once).
+//
+// Not sm_90a: the body is a trap and the host never selects this variant.
+#pragma once
+
+#include "backends/cuda/paged_prefill_wgmma.cuh"
+
+namespace pagedattn::cuda {
+
+template <int D>
+struct WsTraits {
+  static constexpr bool kSupported = D == 64 || D == 128;
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;  // 40 + 2 x 232 = 3 x 168 (the launch bound's budget)
+  static constexpr int kRows = 128;          // packed rows of an item (64 a consumer)
+  static constexpr int kKeys = 128;          // keys of a tile
+  static constexpr int kColBlocks = D / 64;
+  static constexpr int kQTileBytes = kColBlocks * 64 * 128;     // one consumer's 64 rows
+  static constexpr int kQBytes = 2 * kQTileBytes;
+  static constexpr int kKvTileBytes = kColBlocks * kKeys * 128;  // 128 keys x D
+  static constexpr int kStageBytes = 2 * kKvTileBytes;
+  static constexpr int kQBuffers = D == 128 ? 1 : 2;
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kBarrierOffset = kQBuffers * kQBytes + kStages * kStageBytes;
+  static constexpr int kBarriers = 2 * kStages + 2 * kQBuffers;
+  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
+  static constexpr int kChunks = D / 8;                // 16-byte chunks of a row
+  static constexpr int kChunksPerThread = kChunks / 8;  // 8 threads a row
+  static constexpr int kRowsPerThread = kKeys / 16;    // 128 producer threads = 16 rows a pass
+};
+
+// Per-item tile range of this kernel (tiles of 128 keys; ItemContext's are of 64).
+struct WsTiles {
+  int base;
+  int count;
+};
+__device__ __forceinline__ WsTiles ws_tiles(const ItemContext& ctx, int keys) {
+  WsTiles t;
+  t.base = (ctx.item.kv_start / keys) * keys;
+  t.count = ctx.item.kv_end > ctx.item.kv_start ? (ctx.item.kv_end - t.base + keys - 1) / keys : 0;
+  return t;
+}
+
+// Barriers in shared memory: full / empty per stage, Q full / Q empty per Q buffer.
+template <int D>
+struct WsBarriers {
+  uint64_t* base;
+  __device__ __forceinline__ uint64_t* full(int s) const { return base + s; }
+  __device__ __forceinline__ uint64_t* empty(int s) const { return base + WsTraits<D>::kStages + s; }
+  __device__ __forceinline__ uint64_t* q_full(int b) const { return base + 2 * WsTraits<D>::kStages + b; }
+  __device__ __forceinline__ uint64_t* q_empty(int b) const {
+    return base + 2 * WsTraits<D>::kStages + WsTraits<D>::kQBuffers + b;
+  }
+};
+
+// Ring position of the pipeline: stage index and the parity of its current use.
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  template <int kStages>
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// Producer: copies of one item's query rows (zero rows past the item) into a Q buffer.
+template <int D, typename T>
+__device__ __forceinline__ void ws_load_q(const AttentionKernelParams& p, const ItemContext& ctx, char* q_smem,
+                                          int pt) {
+  using W = WsTraits<D>;
+  const int lane_chunk = pt & 7;
+#pragma unroll 1
+  for (int row = pt >> 3; row < W::kRows; row += 16) {
+    const bool valid = row < ctx.item.num_rows;
+    const T* src = static_cast<const T*>(p.query);
+    if (valid) src += row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride;
+#pragma unroll
+    for (int k = 0; k < W::kChunksPerThread; ++k) {
+      const int c = lane_chunk + 8 * k;
+      cp_async_16(q_smem + (row >> 6) * W::kQTileBytes + swizzled_offset<64>(row & 63, c), src + c * 8, valid);
+    }
+  }
+}
+
+// Producer: the K/V rows of one thread. Thread pt copies rows pt / 8 + 16 i (i < 8) of every tile,
+// 16-byte chunks pt % 8 + 8 k: a warp request covers whole 128-byte lines of 4 rows. Per item the
+// thread's source bases (head and chunk offsets folded in) and 32-bit byte strides are set once
+// (the host picks this kernel only when the strides fit 32 bits: ws_strides_fit); per row the
+// address is a 32-bit multiply and one 32 x 32 -> 64-bit multiply-add per K and V, the
+// destination an immediate offset (row i is 2 KB further; rows pt / 8 + 16 i share a swizzle).
+// The page ids of a tile are read one tile ahead, in flight while the producer waits for a stage.
+// Invalid rows (outside the item's range, ids outside the cache) copy zeros from a row of page 0.
+template <int D>
+struct WsKvCopier {
+  using W = WsTraits<D>;
+  static constexpr int kRows = W::kRowsPerThread;
+  const char* k_base;
+  const char* v_base;
+  const int32_t* table;  // the request's block-table row; nullptr: not paged
+  uint32_t k_block, v_block, k_token, v_token;  // byte strides
+  uint32_t num_blocks;   // ids >= this read as zeros
+  int row0;
+  int dst0;              // byte offset of row row0, chunk pt % 8, in a K tile
+  int next[kRows];       // page ids (paged) or 0 of the next tile; -1: zeros
+
+  __device__ __forceinline__ void begin_item(const AttentionKernelParams& p, const ItemContext& ctx, int pt) {
+    const int lane_chunk = pt & 7;
+    row0 = pt >> 3;
+    dst0 = swizzled_offset<W::kKeys>(row0, lane_chunk);
+    k_base = static_cast<const char*>(p.key) + (static_cast<int64_t>(ctx.item.kv_head) * p.k_head_stride + lane_chunk * 8) * 2;
+    v_base = static_cast<const char*>(p.value) + (static_cast<int64_t>(ctx.item.kv_head) * p.v_head_stride + lane_chunk * 8) * 2;
+    if (p.paged) {
+      table = p.block_table + ctx.item.request * p.block_table_stride;
+      k_block = static_cast<uint32_t>(p.k_block_stride * 2);
+      v_block = static_cast<uint32_t>(p.v_block_stride * 2);
+    } else {  // rows of the current K/V: token query_start + position
+      k_base += static_cast<int64_t>(ctx.item.query_start) * p.k_token_stride * 2;
+      v_base += static_cast<int64_t>(ctx.item.query_start) * p.v_token_stride * 2;
+      table = nullptr;
+      k_block = v_block = 0;
+    }
+    k_token = static_cast<uint32_t>(p.k_token_stride * 2);
+    v_token = static_cast<uint32_t>(p.v_token_stride * 2);
+    num_blocks = static_cast<uint32_t>(min(p.num_blocks, static_cast<int64_t>(0x7fffffff)));
+  }
+
+  // Page ids of the rows of the tile at key0 (see next).
+  __device__ __forceinline__ void fetch(const AttentionKernelParams& p, const ItemContext& ctx, int key0) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int pos = key0 + row0 + 16 * i;
+      const bool in_range = pos >= ctx.item.kv_start && pos < ctx.item.kv_end;
+      next[i] = in_range ? 0 : -1;
+      if (table != nullptr && in_range) {
+        const int b = __ldg(table + page_index(p, ctx, pos));
+        next[i] = static_cast<uint32_t>(b) < num_blocks ? b : -1;
+      }
+    }
+  }
+
+  // Issues the copies of the fetched tile at key0 into a stage ([K tile][V tile]). The row's
+  // position in its page: pos & (block_size - 1) for power-of-two pages (a uniform branch).
+  __device__ __forceinline__ void copy(const AttentionKernelParams& p, const ItemContext& ctx, int key0,
+                                       char* stage) const {
+    const bool pow2 = ctx.block_shift >= 0;
+    const uint32_t mask = static_cast<uint32_t>(p.block_size - 1);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int pos = key0 + row0 + 16 * i;
+      const bool valid = next[i] >= 0;
+      const uint32_t block = valid ? static_cast<uint32_t>(next[i]) : 0u;
+      uint32_t row;  // token within the page (paged) or position (not paged)
+      if (table == nullptr) {
+        row = valid ? static_cast<uint32_t>(pos) : 0u;
+      } else if (pow2) {
+        row = static_cast<uint32_t>(pos) & mask;
+      } else {
+        row = static_cast<uint32_t>(pos - page_index(p, ctx, pos) * p.block_size);
+      }
+      const char* k_src = k_base + (static_cast<uint64_t>(block) * k_block + static_cast<uint64_t>(row) * k_token);
+      const char* v_src = v_base + (static_cast<uint64_t>(block) * v_block + static_cast<uint64_t>(row) * v_token);
+      char* dst = stage + dst0 + i * 16 * 128;
+#pragma unroll
+      for (int k = 0; k < W::kChunksPerThread; ++k) {
+        cp_async_16(dst + k * W::kKeys * 128, k_src + k * 128, valid);
+        cp_async_16(dst + W::kKvTileBytes + k * W::kKeys * 128, v_src + k * 128, valid);
+      }
+    }
+  }
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// S (64 x 128) = Q_wg . K^T (issued and committed, not waited for). Step kk moves 32 bytes in a
+// 128-byte row, 4 steps to the next column block (64 rows apart in Q, 128 in K).
+template <int D, typename T>
+__device__ __forceinline__ void ws_issue_scores(float (&s)[16][4], uint64_t q_desc, uint64_t k_desc) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint64_t qs = static_cast<uint64_t>(((kk >> 2) * (64 * 128) + (kk & 3) * 32) >> 4);
+    const uint64_t ks = static_cast<uint64_t>(((kk >> 2) * (128 * 128) + (kk & 3) * 32) >> 4);
+    wgmma::Ops<T>::ss_n128(s, q_desc + qs, k_desc + ks, kk > 0 ? 1 : 0);
+  }
+  wgmma::commit();
+}
+
+// O (64 x D) += P (64 x 128 keys, registers) . V (128 keys x D, N-major); step ks moves 16 keys.
+template <int D, typename T>
+__device__ __forceinline__ void ws_issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[8][4], uint64_t v_desc) {
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    wgmma::Ops<T>::template rs_tb<D>(o, pa[ks], v_desc + static_cast<uint64_t>((ks * 16 * 128) >> 4));
+  }
+  wgmma::commit();
+}
+#endif
+
+template <int D, typename T>
+__device__ __forceinline__ void ws_pack_p(const float (&s)[16][4], uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    pa[ks][0] = Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]);
+    pa[ks][1] = Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]);
+    pa[ks][2] = Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+    pa[ks][3] = Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+  }
+}
+
+// Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..), then its output.
+template <int D, typename T>
+__device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContext& ctx, char* smem,
+                                const WsBarriers<D>& bars, RingPos& ring, int qb, uint32_t q_phase, int wg) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using W = WsTraits<D>;
+  const int warp = (threadIdx.x >> 5) & 3;
+  const int lane = threadIdx.x & 31;
+  const int quad_row = lane >> 2;
+  const int quad_col = lane & 3;
+  const WsTiles tiles = ws_tiles(ctx, W::kKeys);
+  char* q_smem = smem + qb * W::kQBytes + wg * W::kQTileBytes;
+  char* stages = smem + W::kQBuffers * W::kQBytes;
+
+  // Tiles this warpgroup computes: a prefix (visibility is monotone in the row position; the
+  // last live row of the 64 sees the most).
+  const int first_row = 64 * wg;
+  const int last_row = min(first_row + 63, ctx.item.num_rows - 1);
+  const int block_hi = first_row < ctx.item.num_rows ? make_row_range(p, ctx, last_row).hi : -1;
+  const int active = block_hi < tiles.base ? 0 : min(tiles.count, (block_hi - tiles.base) / W::kKeys + 1);
+  const bool warp_live = first_row + 16 * warp < ctx.item.num_rows;
+
+  const int r0 = first_row + 16 * warp + quad_row;  // this thread's rows r0, r0 + 8
+  RowRange rows[2];
+  float m[2], l[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    rows[e] = make_row_range(p, ctx, r0 + 8 * e);
+    init_row_state(p, ctx, r0 + 8 * e, true, m[e], l[e]);
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  uint32_t pa[8][4];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
+  float s[16][4];
+  const bool general = p.soft_cap > 0.f || p.alibi_slopes != nullptr;
+  const uint64_t q_desc = wgmma::smem_desc(q_smem, 16, 1024);
+
+  mbar::wait(bars.q_full(qb), q_phase);
+  __syncwarp();
+  wgmma::fence_async_smem();
+
+  // Softmax of the scores of the tile at key0 (in s); returns the corrections of the two rows.
+  auto softmax = [&](int key0, float& c0, float& c1) {
+    const bool masked = key0 < ctx.lo_max || key0 + W::kKeys - 1 > ctx.hi_min;
+    const float factor = transform_scores<16>(s, p, ctx, rows, r0, key0, general, masked);
+    c0 = online_softmax_row<16>(s, 0, factor, m[0], l[0]);
+    c1 = online_softmax_row<16>(s, 1, factor, m[1], l[1]);
+  };
+
+  if (active > 0) {  // S_0 and P_0
+    mbar::wait(bars.full(ring.stage), ring.phase);
+    __syncwarp();
+    wgmma::fence_async_smem();
+    wgmma::fence();
+    ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stages + ring.stage * W::kStageBytes, 16, 1024));
+    wgmma::wait<0>();
+    wgmma::reg_fence(s);
+    if (active == 1) mbar::arrive(bars.q_empty(qb));  // the only S: Q may be refilled
+    if (warp_live) {
+      float c0, c1;
+      softmax(tiles.base, c0, c1);  // O is zero: no rescale
+      ws_pack_p<D, T>(s, pa);
+    }
+  }
+  // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
+#pragma unroll 1
+  for (int t = 0; t + 1 < active; ++t) {
+    RingPos nxt = ring;
+    nxt.template advance<W::kStages>();
+    mbar::wait(bars.full(nxt.stage), nxt.phase);
+    __syncwarp();
+    wgmma::fence_async_smem();
+    wgmma::reg_fence(pa);
+    wgmma::reg_fence(o);
+    wgmma::fence();
+    ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stages + nxt.stage * W::kStageBytes, 16, 1024));
+    ws_issue_pv<D, T>(o, pa,
+                      wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
+    wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
+    wgmma::reg_fence(s);
+    if (t + 2 == active) mbar::arrive(bars.q_empty(qb));  // that was the last S: Q may be refilled
+    float c0 = 1.f, c1 = 1.f;
+    if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
+    wgmma::wait<0>();
+    wgmma::reg_fence(o);
+    wgmma::reg_fence(pa);
+    mbar::arrive(bars.empty(ring.stage));
+    rescale_o(o, c0, c1);
+    ws_pack_p<D, T>(s, pa);
+    ring = nxt;
+  }
+  if (active > 0) {  // the last computed tile: P . V alone
+    wgmma::reg_fence(pa);
+    wgmma::reg_fence(o);
+    wgmma::fence();
+    ws_issue_pv<D, T>(o, pa,
+                      wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
+    wgmma::wait<0>();
+    wgmma::reg_fence(o);
+    mbar::arrive(bars.empty(ring.stage));
+    ring.template advance<W::kStages>();
+  }
+  // Tiles none of this warpgroup's rows sees: wait for each (phase order), release it.
+#pragma unroll 1
+  for (int t = active; t < tiles.count; ++t) {
+    mbar::wait(bars.full(ring.stage), ring.phase);
+    mbar::arrive(bars.empty(ring.stage));
+    ring.template advance<W::kStages>();
+  }
+  if (active == 0) mbar::arrive(bars.q_empty(qb));  // no S read Q
+
+  // Epilogue: normalized rows straight from registers (16-bit pairs, or f32 partials for a split).
+  const bool split = ctx.item.partial_row >= 0;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int r = r0 + 8 * e;
+    const float lsum = quad_sum(l[e]);
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+    const float out_scale = inv * ctx.v_scale;
+    const float lse = lse_from_state(m[e], lsum);
+    if (r >= ctx.item.num_rows) continue;
+    if (split) {
+      float* dst = p.partial_out + static_cast<int64_t>(ctx.item.partial_row + r) * D + 2 * quad_col;
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d) {
+        *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale);
+      }
+      if (quad_col == 0) p.partial_lse[ctx.item.partial_row + r] = lse;
+    } else {
+      T* dst = static_cast<T*>(p.output) + row_token(ctx, r) * p.o_token_stride + row_head(ctx, r) * p.o_head_stride +
+               2 * quad_col;
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d) {
+        *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale);
+      }
+      if (quad_col == 0 && p.lse != nullptr) {
+        p.lse[row_head(ctx, r) * p.lse_head_stride + static_cast<int64_t>(row_token(ctx, r)) * p.lse_token_stride] =
+            lse;
+      }
+    }
+  }
+#else
+  (void)p;
+  (void)ctx;
+  (void)smem;
+  (void)bars;
+  (void)ring;
+  (void)qb;
+  (void)q_phase;
+  (void)wg;
+  __trap();
+#endif
+}
+
+// Calls f(item index, n) for this CTA's items in order (the strided schedule of the other kernels),
+// n counting them.
+template <class F>
+__device__ __forceinline__ void ws_for_each_item(const AttentionKernelParams& p, F&& f) {
+  const int num_items = p.header->num_work_items;
+  int n = 0;
+  for (int i = blockIdx.x; i < num_items; i += gridDim.x) f(i, n++);
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_kernel(const AttentionKernelParams p) {
+  using W = WsTraits<D>;
+  static_assert(W::kSupported);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  const WsBarriers<D> bars{reinterpret_cast<uint64_t*>(smem + W::kBarrierOffset)};
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < W::kStages; ++s) {
+      mbar::init(bars.full(s), 128);   // every producer thread, when its copies landed
+      mbar::init(bars.empty(s), 256);  // every consumer thread
+    }
+    for (int b = 0; b < W::kQBuffers; ++b) {
+      mbar::init(bars.q_full(b), 128);
+      mbar::init(bars.q_empty(b), 256);
+    }
+  }
+  __syncthreads();
+  const int role = threadIdx.x >> 7;  // 0: producer, 1 / 2: consumers
+  if (role == 0) {
+    warpgroup_regs_dec<W::kProducerRegs>();
+    const int pt = threadIdx.x;
+    char* stages = smem + W::kQBuffers * W::kQBytes;
+    RingPos ring;
+    WsKvCopier<D> copier;
+    ws_for_each_item(p, [&](int i, int n) {
+      const ItemContext ctx = make_item_context(p, p.items[i]);
+      const WsTiles tiles = ws_tiles(ctx, W::kKeys);
+      const int qb = n % W::kQBuffers;
+      copier.begin_item(p, ctx, pt);
+      if (tiles.count > 0) copier.fetch(p, ctx, tiles.base);
+      // Q first: its buffer frees when the consumers have issued the previous item's last S
+      // (about a tile before they release its last stages), so the next item's Q and first
+      // tiles land while they finish it.
+      mbar::wait(bars.q_empty(qb), ((n / W::kQBuffers) & 1) ^ 1u);
+      ws_load_q<D, T>(p, ctx, smem + qb * W::kQBytes, pt);
+      mbar::arrive_on_copies(bars.q_full(qb));
+#pragma unroll 1
+      for (int t = 0; t < tiles.count; ++t) {
+        const int key0 = tiles.base + t * W::kKeys;
+        mbar::wait(bars.empty(ring.stage), ring.phase ^ 1u);
+        copier.copy(p, ctx, key0, stages + ring.stage * W::kStageBytes);
+        mbar::arrive_on_copies(bars.full(ring.stage));
+        if (t + 1 < tiles.count) copier.fetch(p, ctx, key0 + W::kKeys);  // lands during the next wait
+        ring.template advance<W::kStages>();
+      }
+    });
+    cp_async_wait<0>();
+  } else {
+    warpgroup_regs_inc<W::kConsumerRegs>();
+    RingPos ring;
+    ws_for_each_item(p, [&](int i, int n) {
+      const ItemContext ctx = make_item_context(p, p.items[i]);
+      ws_consume_item<D, T>(p, ctx, smem, bars, ring, n % W::kQBuffers, (n / W::kQBuffers) & 1, role - 1);
+    });
+  }
+#else
+  (void)p;
+  __trap();
+#endif
+}
+
+}  // namespace pagedattn::cuda
