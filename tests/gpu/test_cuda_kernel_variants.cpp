@@ -182,7 +182,9 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
   {
     const ChoiceGuard guard(AttentionKernelChoice::automatic);
     EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false).ctas_per_sm, 1);
+    EXPECT_TRUE(cuda::attention_kernel_info(128, DType::bf16, false).warp_specialized);
     EXPECT_EQ(cuda::attention_kernel_info(64, DType::bf16, false).ctas_per_sm, 2);
+    EXPECT_FALSE(cuda::attention_kernel_info(64, DType::bf16, false).warp_specialized);
     EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true).ctas_per_sm, 2);
   }
   {
@@ -292,7 +294,8 @@ TEST(CudaKernelVariants, UnifiedDecodeMatchesReference) {
 }
 
 // Which plans take the decode-only kernel under auto: decode batches of head size <= 128 (not 256,
-// not a batch with a prefill chunk, not one request whose split would leave 3-tile chunks).
+// not 128 where the warp-specialized kernel runs, not a batch with a prefill chunk, not one request
+// whose split would leave 3-tile chunks).
 // (The smallest batches' choice depends on the SM count; these hold for 100+ SMs.)
 TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
   PAGEDATTN_REQUIRE_GPU();
@@ -316,7 +319,10 @@ TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
     EXPECT_NE(md, nullptr);
     return md != nullptr && md->decode_kernel;
   };
-  EXPECT_TRUE(plan_uses_decode_kernel(128, decodes));
+  // Head size 128 on sm_90a runs the warp-specialized kernel, which keeps decode batches too.
+  const bool ws128 = cuda::attention_kernel_info(128, DType::bf16, false).warp_specialized;
+  EXPECT_EQ(plan_uses_decode_kernel(128, decodes), !ws128);
+  EXPECT_TRUE(plan_uses_decode_kernel(64, decodes));
   EXPECT_TRUE(plan_uses_decode_kernel(64, spec));
   EXPECT_FALSE(plan_uses_decode_kernel(256, decodes));
   EXPECT_FALSE(plan_uses_decode_kernel(128, mixed));

@@ -109,6 +109,7 @@ AttentionKernelInfo attention_kernel_info_for() {
       configure_ws_kernel<D, T>();
       info.smem_bytes = WsTraits<D>::kSmemBytes;
       info.rows_prefill = WsTraits<D>::kRows;
+      info.warp_specialized = true;
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_ws_kernel<D, T>,
                                                     WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes);
       check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_ws_kernel)");

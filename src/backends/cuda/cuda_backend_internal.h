@@ -109,6 +109,7 @@ class CudaMetadataBuilder final : public AttentionMetadataBuilder {
   int cascade_max_tokens_ = 0;     // the largest batch (tokens) planned as cascade
   int resident_ctas_ = 0;
   int decode_resident_ctas_ = 0;   // the decode-only kernel's; 0: none for this head size
+  bool warp_specialized_ = false;  // the paged attention launches run the warp-specialized kernel
   int max_block_table_cols_ = 0;
   int64_t max_slots_ = 0;
   // Workspace layout (byte offsets).

@@ -61,6 +61,7 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   const int sms = config_.num_sms > 0 ? config_.num_sms : current_device_sm_count();
   resident_ctas_ = std::max(1, info.ctas_per_sm) * sms;
   decode_resident_ctas_ = info.decode_ctas_per_sm * sms;  // 0: no decode-only kernel for this head size
+  warp_specialized_ = info.warp_specialized;
 
   planner_.group_size = config_.num_heads / config_.num_kv_heads;
   planner_.num_kv_heads = config_.num_kv_heads;
@@ -207,7 +208,12 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   // Decode batches are planned for the decode-only kernel (a graph captured then runs that kernel,
   // which computes any later plan too, only prefill items more slowly).
   const DecodeKernelChoice decode_choice = decode_kernel_choice();
-  planner.decode_resident_ctas = decode_choice != DecodeKernelChoice::unified ? decode_resident_ctas_ : 0;
+  // Under auto, a head size whose launches run the warp-specialized kernel keeps decode batches on it
+  // too: it streams the cache faster than the decode-only kernel (H200, 2026-11-26: b128x4k 0.505 vs
+  // 0.560 ms, b64x2k 0.140 vs 0.158; docs/perf/cuda.md).
+  const bool decode_kernel_allowed = decode_choice == DecodeKernelChoice::decode ||
+                                     (decode_choice == DecodeKernelChoice::automatic && !warp_specialized_);
+  planner.decode_resident_ctas = decode_kernel_allowed ? decode_resident_ctas_ : 0;
   planner.force_decode_kernel = decode_choice == DecodeKernelChoice::decode;
   const int prefix = cascade_prefix(common_prefix_len, common, planner.causal);
   const AttentionPlan plan = make_attention_plan(planner, query_start_loc, seq_lens, prefix);

@@ -20,6 +20,7 @@ struct AttentionKernelInfo {
   int ctas_per_sm = 0;      // resident CTAs per multiprocessor (occupancy)
   int rows_prefill = 0;     // rows of a prefill-path item
   int decode_ctas_per_sm = 0;  // the decode-only kernel's occupancy; 0: none for this head size
+  bool warp_specialized = false;  // the paged attention launches run the warp-specialized kernel
 };
 // Sets the kernel's shared-memory attribute on the current device (once) and reports its
 // occupancy. activation: f16 or bf16; fp8_kv: the cache holds fp8.

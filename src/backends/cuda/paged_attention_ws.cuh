@@ -132,7 +132,9 @@ __device__ __forceinline__ void ws_load_q(const AttentionKernelParams& p, const 
 // (the host picks this kernel only when the strides fit 32 bits: ws_strides_fit); per row the
 // address is a 32-bit multiply and one 32 x 32 -> 64-bit multiply-add per K and V, the
 // destination an immediate offset (row i is 2 KB further; rows pt / 8 + 16 i share a swizzle).
-// The page ids of a tile are read one tile ahead, in flight while the producer waits for a stage.
+// The page ids of a tile are read two tiles ahead and checked only when copied, so the block-table
+// load (about a DRAM latency when the copies saturate the memory) never stalls the producer: with
+// the load consumed one tile after it was issued, the producer's tile rate fell to ~27 GB/s an SM.
 // Invalid rows (outside the item's range, ids outside the cache) copy zeros from a row of page 0.
 template <int D>
 struct WsKvCopier {
@@ -145,7 +147,8 @@ struct WsKvCopier {
   uint32_t num_blocks;   // ids >= this read as zeros
   int row0;
   int dst0;              // byte offset of row row0, chunk pt % 8, in a K tile
-  int next[kRows];       // page ids (paged) or 0 of the next tile; -1: zeros
+  int cur[kRows];        // page ids (paged; 0 not paged) of the tile to copy; -1: zeros
+  int ahead[kRows];      // those of the tile after it (loads in flight)
 
   __device__ __forceinline__ void begin_item(const AttentionKernelParams& p, const ItemContext& ctx, int pt) {
     const int lane_chunk = pt & 7;
@@ -165,21 +168,25 @@ struct WsKvCopier {
     }
     k_token = static_cast<uint32_t>(p.k_token_stride * 2);
     v_token = static_cast<uint32_t>(p.v_token_stride * 2);
-    num_blocks = static_cast<uint32_t>(min(p.num_blocks, static_cast<int64_t>(0x7fffffff)));
+    num_blocks = p.paged ? static_cast<uint32_t>(min(p.num_blocks, static_cast<int64_t>(0x7fffffff))) : 0x7fffffffu;
   }
 
-  // Page ids of the rows of the tile at key0 (see next).
+  // Reads the page ids of the rows of the tile at key0 into `ahead` (not waited for: only copy()
+  // looks at them, one tile later).
   __device__ __forceinline__ void fetch(const AttentionKernelParams& p, const ItemContext& ctx, int key0) {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int pos = key0 + row0 + 16 * i;
       const bool in_range = pos >= ctx.item.kv_start && pos < ctx.item.kv_end;
-      next[i] = in_range ? 0 : -1;
-      if (table != nullptr && in_range) {
-        const int b = __ldg(table + page_index(p, ctx, pos));
-        next[i] = static_cast<uint32_t>(b) < num_blocks ? b : -1;
-      }
+      ahead[i] = in_range ? 0 : -1;
+      if (table != nullptr && in_range) ahead[i] = __ldg(table + page_index(p, ctx, pos));
     }
+  }
+  // The ahead ids become the current ones; the ids of the tile at key0 (when `more`) are read.
+  __device__ __forceinline__ void shift(const AttentionKernelParams& p, const ItemContext& ctx, int key0, bool more) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) cur[i] = ahead[i];
+    if (more) fetch(p, ctx, key0);
   }
 
   // Issues the copies of the fetched tile at key0 into a stage ([K tile][V tile]). The row's
@@ -191,8 +198,8 @@ struct WsKvCopier {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int pos = key0 + row0 + 16 * i;
-      const bool valid = next[i] >= 0;
-      const uint32_t block = valid ? static_cast<uint32_t>(next[i]) : 0u;
+      const bool valid = static_cast<uint32_t>(cur[i]) < num_blocks;  // -1 and ids outside the cache: zeros
+      const uint32_t block = valid ? static_cast<uint32_t>(cur[i]) : 0u;
       uint32_t row;  // token within the page (paged) or position (not paged)
       if (table == nullptr) {
         row = valid ? static_cast<uint32_t>(pos) : 0u;
@@ -301,58 +308,92 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     c1 = online_softmax_row<16>(s, 1, factor, m[1], l[1]);
   };
 
-  if (active > 0) {  // S_0 and P_0
-    mbar::wait(bars.full(ring.stage), ring.phase);
-    __syncwarp();
-    wgmma::fence_async_smem();
-    wgmma::fence();
-    ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stages + ring.stage * W::kStageBytes, 16, 1024));
-    wgmma::wait<0>();
-    wgmma::reg_fence(s);
-    if (active == 1) mbar::arrive(bars.q_empty(qb));  // the only S: Q may be refilled
-    if (warp_live) {
-      float c0, c1;
-      softmax(tiles.base, c0, c1);  // O is zero: no rescale
-      ws_pack_p<D, T>(s, pa);
-    }
-  }
-  // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
+  if (ctx.item.flags & kItemDecodePath) {
+    // Decode items are copy-bound: each stage is released as soon as its tile is done (S, softmax,
+    // P . V in order), so the producer keeps the other stages in flight; the pipelined order
+    // below holds stage t until tile t + 1 has landed (S_{t+1} is issued with P_t . V_t).
 #pragma unroll 1
-  for (int t = 0; t + 1 < active; ++t) {
-    RingPos nxt = ring;
-    nxt.template advance<W::kStages>();
-    mbar::wait(bars.full(nxt.stage), nxt.phase);
-    __syncwarp();
-    wgmma::fence_async_smem();
-    wgmma::reg_fence(pa);
-    wgmma::reg_fence(o);
-    wgmma::fence();
-    ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stages + nxt.stage * W::kStageBytes, 16, 1024));
-    ws_issue_pv<D, T>(o, pa,
-                      wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
-    wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
-    wgmma::reg_fence(s);
-    if (t + 2 == active) mbar::arrive(bars.q_empty(qb));  // that was the last S: Q may be refilled
-    float c0 = 1.f, c1 = 1.f;
-    if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
-    wgmma::wait<0>();
-    wgmma::reg_fence(o);
-    wgmma::reg_fence(pa);
-    mbar::arrive(bars.empty(ring.stage));
-    rescale_o(o, c0, c1);
-    ws_pack_p<D, T>(s, pa);
-    ring = nxt;
-  }
-  if (active > 0) {  // the last computed tile: P . V alone
-    wgmma::reg_fence(pa);
-    wgmma::reg_fence(o);
-    wgmma::fence();
-    ws_issue_pv<D, T>(o, pa,
-                      wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
-    wgmma::wait<0>();
-    wgmma::reg_fence(o);
-    mbar::arrive(bars.empty(ring.stage));
-    ring.template advance<W::kStages>();
+    for (int t = 0; t < active; ++t) {
+      mbar::wait(bars.full(ring.stage), ring.phase);
+      __syncwarp();
+      wgmma::fence_async_smem();
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      const char* stage = stages + ring.stage * W::kStageBytes;
+      ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stage, 16, 1024));
+      wgmma::wait<0>();
+      wgmma::reg_fence(s);
+      if (t + 1 == active) mbar::arrive(bars.q_empty(qb));  // the last S: Q may be refilled
+      if (warp_live) {
+        float c0, c1;
+        softmax(tiles.base + t * W::kKeys, c0, c1);
+        rescale_o(o, c0, c1);
+        ws_pack_p<D, T>(s, pa);
+      }
+      wgmma::reg_fence(pa);
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      ws_issue_pv<D, T>(o, pa, wgmma::smem_desc(stage + W::kKvTileBytes, W::kKeys * 128, 1024));
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+      wgmma::reg_fence(pa);
+      mbar::arrive(bars.empty(ring.stage));
+      ring.template advance<W::kStages>();
+    }
+  } else {
+    if (active > 0) {  // S_0 and P_0
+      mbar::wait(bars.full(ring.stage), ring.phase);
+      __syncwarp();
+      wgmma::fence_async_smem();
+      wgmma::fence();
+      ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stages + ring.stage * W::kStageBytes, 16, 1024));
+      wgmma::wait<0>();
+      wgmma::reg_fence(s);
+      if (active == 1) mbar::arrive(bars.q_empty(qb));  // the only S: Q may be refilled
+      if (warp_live) {
+        float c0, c1;
+        softmax(tiles.base, c0, c1);  // O is zero: no rescale
+        ws_pack_p<D, T>(s, pa);
+      }
+    }
+    // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
+  #pragma unroll 1
+    for (int t = 0; t + 1 < active; ++t) {
+      RingPos nxt = ring;
+      nxt.template advance<W::kStages>();
+      mbar::wait(bars.full(nxt.stage), nxt.phase);
+      __syncwarp();
+      wgmma::fence_async_smem();
+      wgmma::reg_fence(pa);
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stages + nxt.stage * W::kStageBytes, 16, 1024));
+      ws_issue_pv<D, T>(o, pa,
+                        wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
+      wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
+      wgmma::reg_fence(s);
+      if (t + 2 == active) mbar::arrive(bars.q_empty(qb));  // that was the last S: Q may be refilled
+      float c0 = 1.f, c1 = 1.f;
+      if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+      wgmma::reg_fence(pa);
+      mbar::arrive(bars.empty(ring.stage));
+      rescale_o(o, c0, c1);
+      ws_pack_p<D, T>(s, pa);
+      ring = nxt;
+    }
+    if (active > 0) {  // the last computed tile: P . V alone
+      wgmma::reg_fence(pa);
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      ws_issue_pv<D, T>(o, pa,
+                        wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+      mbar::arrive(bars.empty(ring.stage));
+      ring.template advance<W::kStages>();
+    }
   }
   // Tiles none of this warpgroup's rows sees: wait for each (phase order), release it.
 #pragma unroll 1
@@ -446,6 +487,7 @@ __global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_k
       const int qb = n % W::kQBuffers;
       copier.begin_item(p, ctx, pt);
       if (tiles.count > 0) copier.fetch(p, ctx, tiles.base);
+      copier.shift(p, ctx, tiles.base + W::kKeys, tiles.count > 1);
       // Q first: its buffer frees when the consumers have issued the previous item's last S
       // (about a tile before they release its last stages), so the next item's Q and first
       // tiles land while they finish it.
@@ -458,7 +500,7 @@ __global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_k
         mbar::wait(bars.empty(ring.stage), ring.phase ^ 1u);
         copier.copy(p, ctx, key0, stages + ring.stage * W::kStageBytes);
         mbar::arrive_on_copies(bars.full(ring.stage));
-        if (t + 1 < tiles.count) copier.fetch(p, ctx, key0 + W::kKeys);  // lands during the next wait
+        copier.shift(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
         ring.template advance<W::kStages>();
       }
     });
