@@ -294,8 +294,8 @@ TEST(CudaKernelVariants, UnifiedDecodeMatchesReference) {
 }
 
 // Which plans take the decode-only kernel under auto: decode batches of head size <= 128 (not 256,
-// not 128 where the warp-specialized kernel runs, not a batch with a prefill chunk, not one request
-// whose split would leave 3-tile chunks).
+// not the large ones of 128 where the warp-specialized kernel runs, not a batch with a prefill chunk,
+// not one request whose split would leave 3-tile chunks).
 // (The smallest batches' choice depends on the SM count; these hold for 100+ SMs.)
 TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
   PAGEDATTN_REQUIRE_GPU();
@@ -319,10 +319,14 @@ TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
     EXPECT_NE(md, nullptr);
     return md != nullptr && md->decode_kernel;
   };
-  // Head size 128 on sm_90a runs the warp-specialized kernel, which keeps decode batches too.
+  EXPECT_TRUE(plan_uses_decode_kernel(128, decodes));
+  // Head size 128 on sm_90a runs the warp-specialized kernel, which keeps the larger decode batches
+  // (over 32 64-key tiles per SM): 128 requests of 1300 keys over 2 kv heads, 5376 tiles (up to
+  // 168 SMs).
   const bool ws128 = cuda::attention_kernel_info(128, DType::bf16, false).warp_specialized;
-  EXPECT_EQ(plan_uses_decode_kernel(128, decodes), !ws128);
-  EXPECT_TRUE(plan_uses_decode_kernel(64, decodes));
+  const std::vector<conformance::RequestShape> large(128, conformance::RequestShape{1299, 1});
+  EXPECT_EQ(plan_uses_decode_kernel(128, large), !ws128);
+  EXPECT_TRUE(plan_uses_decode_kernel(64, large));
   EXPECT_TRUE(plan_uses_decode_kernel(64, spec));
   EXPECT_FALSE(plan_uses_decode_kernel(256, decodes));
   EXPECT_FALSE(plan_uses_decode_kernel(128, mixed));

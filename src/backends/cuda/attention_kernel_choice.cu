@@ -96,8 +96,8 @@ DecodeKernelChoice parse_decode_kernel_choice(const char* value) {
       {{"auto", static_cast<int>(DecodeKernelChoice::automatic)},
        {"decode", static_cast<int>(DecodeKernelChoice::decode)},
        {"unified", static_cast<int>(DecodeKernelChoice::unified)}},
-      "auto (the decode-only kernel for batches of decodes, head sizes <= 128, but for the smallest and where "
-      "the warp-specialized kernel runs), decode "
+      "auto (the decode-only kernel for batches of decodes, head sizes <= 128, but for the smallest and, where "
+      "the warp-specialized kernel runs, the large), decode "
       "(for every batch of decodes) or unified (the paged attention kernel for every batch)"));
 }
 

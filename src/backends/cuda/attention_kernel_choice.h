@@ -48,8 +48,8 @@ void set_attention_kernel_choice(std::optional<AttentionKernelChoice> choice);
 // whose items are all decode-path items (every request's query_len * group <= 16; no cascade) for
 // it. PAGEDATTN_CUDA_DECODE_KERNEL (read once): "auto" (default: the decode-only kernel unless the
 // batch is so small that its best split leaves chunks under 8 tiles, which the unified kernel's
-// deeper pipeline runs faster, or the head size's launches run the warp-specialized kernel, which
-// streams a batch of decodes faster than the decode-only kernel), "decode" (the decode-only kernel for every decode batch) or
+// deeper pipeline runs faster, or, where the head size's launches run the warp-specialized kernel,
+// the batch has over 32 64-key tiles per SM: that kernel streams those faster), "decode" (the decode-only kernel for every decode batch) or
 // "unified" (every plan runs the paged attention kernel). Any other value is an Error naming the
 // variable. The choice is read when a plan is built; the plan records which kernel runs it.
 enum class DecodeKernelChoice { automatic, unified, decode };

@@ -208,12 +208,13 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   // Decode batches are planned for the decode-only kernel (a graph captured then runs that kernel,
   // which computes any later plan too, only prefill items more slowly).
   const DecodeKernelChoice decode_choice = decode_kernel_choice();
-  // Under auto, a head size whose launches run the warp-specialized kernel keeps decode batches on it
-  // too: it streams the cache faster than the decode-only kernel (H200, 2026-11-26: b128x4k 0.505 vs
-  // 0.560 ms, b64x2k 0.140 vs 0.158; docs/perf/cuda.md).
-  const bool decode_kernel_allowed = decode_choice == DecodeKernelChoice::decode ||
-                                     (decode_choice == DecodeKernelChoice::automatic && !warp_specialized_);
-  planner.decode_resident_ctas = decode_kernel_allowed ? decode_resident_ctas_ : 0;
+  planner.decode_resident_ctas = decode_choice != DecodeKernelChoice::unified ? decode_resident_ctas_ : 0;
+  // Under auto, where the launches run the warp-specialized kernel only small batches of decodes
+  // (<= 32 64-key tiles per SM) take the decode-only kernel: the warp-specialized kernel streams
+  // larger ones faster, smaller ones slower (H200, 2026-11-26: b128x4k 0.505 vs 0.560 ms, b64x2k
+  // 0.140 vs 0.158, b8x16k 0.134 vs 0.144; b8x2k 0.033 vs 0.030; docs/perf/cuda.md).
+  planner.decode_kernel_max_tiles =
+      warp_specialized_ && decode_choice == DecodeKernelChoice::automatic ? int64_t{32} * resident_ctas_ : 0;
   planner.force_decode_kernel = decode_choice == DecodeKernelChoice::decode;
   const int prefix = cascade_prefix(common_prefix_len, common, planner.causal);
   const AttentionPlan plan = make_attention_plan(planner, query_start_loc, seq_lens, prefix);

@@ -220,6 +220,11 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
   plan.decode_kernel = !has_prefix && config.decode_resident_ctas > 0 && !base.empty() &&
                        std::all_of(base.begin(), base.end(),
                                    [](const WorkItem& it) { return (it.flags & kItemDecodePath) != 0; });
+  if (plan.decode_kernel && config.decode_kernel_max_tiles > 0 && !config.force_decode_kernel) {
+    int64_t tiles = 0;
+    for (const WorkItem& it : base) tiles += tiles_of(KeyRange{it.kv_start, it.kv_end});
+    plan.decode_kernel = tiles <= config.decode_kernel_max_tiles;
+  }
   if (plan.decode_kernel && config.allow_split) {
     ideal = choose_decode_chunk(config, base, config.decode_resident_ctas);
     // Chunks this short are mostly pipeline fill: the unified kernel's deeper pipeline runs them

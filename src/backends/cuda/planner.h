@@ -24,6 +24,7 @@ struct PlannerConfig {
   int resident_ctas = 1;         // CTAs of the kernel resident at once on the device
   int decode_resident_ctas = 0;  // those of the decode-only kernel; 0: plans never use it
   bool force_decode_kernel = false;  // decode batches take it even when their chunks are short
+  int64_t decode_kernel_max_tiles = 0;  // > 0: decode batches of more 64-key tiles do not take it
   bool positional = true;        // false: cross-attention (every key visible)
   bool causal = true;
   std::optional<int> sliding_window;  // W: |k - p| <= W - 1 (causal: p - k <= W - 1)
