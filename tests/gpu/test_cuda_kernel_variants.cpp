@@ -326,7 +326,6 @@ TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
   const bool ws128 = cuda::attention_kernel_info(128, DType::bf16, false).warp_specialized;
   const std::vector<conformance::RequestShape> large(128, conformance::RequestShape{1299, 1});
   EXPECT_EQ(plan_uses_decode_kernel(128, large), !ws128);
-  EXPECT_TRUE(plan_uses_decode_kernel(64, large));
   EXPECT_TRUE(plan_uses_decode_kernel(64, spec));
   EXPECT_FALSE(plan_uses_decode_kernel(256, decodes));
   EXPECT_FALSE(plan_uses_decode_kernel(128, mixed));
