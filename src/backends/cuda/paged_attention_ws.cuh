@@ -249,16 +249,6 @@ __device__ __forceinline__ void ws_issue_pv(float (&o)[D / 8][4], const uint32_t
 }
 #endif
 
-template <int D, typename T>
-__device__ __forceinline__ void ws_pack_p(const float (&s)[16][4], uint32_t (&pa)[8][4]) {
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-    pa[ks][0] = Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]);
-    pa[ks][1] = Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]);
-    pa[ks][2] = Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-    pa[ks][3] = Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-  }
-}
 
 // Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..), then its output.
 template <int D, typename T>
@@ -332,7 +322,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         float c0, c1;
         softmax(tiles.base + t * W::kKeys, c0, c1);
         rescale_o(o, c0, c1);
-        ws_pack_p<D, T>(s, pa);
+        pack_p<T>(s, pa);
       }
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
@@ -357,7 +347,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       if (warp_live) {
         float c0, c1;
         softmax(tiles.base, c0, c1);  // O is zero: no rescale
-        ws_pack_p<D, T>(s, pa);
+        pack_p<T>(s, pa);
       }
     }
     // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
@@ -384,7 +374,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       mbar::arrive(bars.empty(ring.stage));
       rescale_o(o, c0, c1);
-      ws_pack_p<D, T>(s, pa);
+      pack_p<T>(s, pa);
       ring = nxt;
     }
     if (active > 0) {  // the last computed tile: P . V alone

@@ -313,6 +313,19 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&
 #endif
 }
 
+// P (the softmax's f32 scores of KS k16 steps, n8 tiles 2 ks and 2 ks + 1) rounded to the
+// activation type and packed as the register A fragments of P . V (wgmma m64nNk16).
+template <typename T, int KS>
+__device__ __forceinline__ void pack_p(const float (&s)[2 * KS][4], uint32_t (&pa)[KS][4]) {
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    pa[ks][0] = Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]);
+    pa[ks][1] = Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]);
+    pa[ks][2] = Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+    pa[ks][3] = Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+  }
+}
+
 // Logit transform (the mma.sync path's transform_scores) and online softmax of one 64-row block's
 // scores for this thread's rows r, r + 8 (online_softmax_row, rescale_o); P packed as the A
 // fragments of P . V.
@@ -325,13 +338,7 @@ __device__ __forceinline__ void softmax_to_p(float (&s)[8][4], const AttentionKe
   const float c0 = online_softmax_row<8>(s, 0, factor, m[0], l[0]);
   const float c1 = online_softmax_row<8>(s, 1, factor, m[1], l[1]);
   rescale_o(o, c0, c1);
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    pa[ks][0] = Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]);
-    pa[ks][1] = Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]);
-    pa[ks][2] = Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-    pa[ks][3] = Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
-  }
+  pack_p<T>(s, pa);
 }
 
 // One prefill-path item (the planner's rows per item are the mma.sync path's: 128, or 64 at
