@@ -69,10 +69,14 @@ struct WsTraits {
   static constexpr int kBarrierOffset = kQBuffers * kQBytes + kStages * kStageBytes;
   static constexpr int kBarriers = 2 * kStages + 2 * kQBuffers;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
-  static constexpr int kChunks = D / 8;                // 16-byte chunks of a row
-  static constexpr int kChunksPerThread = kChunks / 8;  // 8 threads a row
+  static constexpr int kChunksPerThread = D / 64;      // 16-byte chunks of a row, 8 threads a row
   static constexpr int kRowsPerThread = kKeys / 16;    // 128 producer threads = 16 rows a pass
 };
+// Q is loaded by the wgmma path's load_q_swizzled: the same rows and 64-row swizzled blocks.
+static_assert(WgmmaPrefillTraits<128>::kRows == WsTraits<128>::kRows &&
+              WgmmaPrefillTraits<128>::kTileBytes == WsTraits<128>::kQTileBytes &&
+              WgmmaPrefillTraits<64>::kRows == WsTraits<64>::kRows &&
+              WgmmaPrefillTraits<64>::kTileBytes == WsTraits<64>::kQTileBytes);
 
 // Per-item tile range of this kernel (tiles of 128 keys; ItemContext's are of 64).
 struct WsTiles {
@@ -110,25 +114,6 @@ struct RingPos {
     }
   }
 };
-
-// Producer: copies of one item's query rows (zero rows past the item) into a Q buffer.
-template <int D, typename T>
-__device__ __forceinline__ void ws_load_q(const AttentionKernelParams& p, const ItemContext& ctx, char* q_smem,
-                                          int pt) {
-  using W = WsTraits<D>;
-  const int lane_chunk = pt & 7;
-#pragma unroll 1
-  for (int row = pt >> 3; row < W::kRows; row += 16) {
-    const bool valid = row < ctx.item.num_rows;
-    const T* src = static_cast<const T*>(p.query);
-    if (valid) src += row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride;
-#pragma unroll
-    for (int k = 0; k < W::kChunksPerThread; ++k) {
-      const int c = lane_chunk + 8 * k;
-      cp_async_16(q_smem + (row >> 6) * W::kQTileBytes + swizzled_offset<64>(row & 63, c), src + c * 8, valid);
-    }
-  }
-}
 
 // Producer: the K/V rows of one thread. Thread pt copies rows pt / 8 + 16 i (i < 8) of every tile,
 // 16-byte chunks pt % 8 + 8 k: a warp request covers whole 128-byte lines of 4 rows. Per item the
@@ -224,30 +209,6 @@ struct WsKvCopier {
   }
 };
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// S (64 x 128) = Q_wg . K^T (issued and committed, not waited for). Step kk moves 32 bytes in a
-// 128-byte row, 4 steps to the next column block (64 rows apart in Q, 128 in K).
-template <int D, typename T>
-__device__ __forceinline__ void ws_issue_scores(float (&s)[16][4], uint64_t q_desc, uint64_t k_desc) {
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const uint64_t qs = static_cast<uint64_t>(((kk >> 2) * (64 * 128) + (kk & 3) * 32) >> 4);
-    const uint64_t ks = static_cast<uint64_t>(((kk >> 2) * (128 * 128) + (kk & 3) * 32) >> 4);
-    wgmma::Ops<T>::ss_n128(s, q_desc + qs, k_desc + ks, kk > 0 ? 1 : 0);
-  }
-  wgmma::commit();
-}
-
-// O (64 x D) += P (64 x 128 keys, registers) . V (128 keys x D, N-major); step ks moves 16 keys.
-template <int D, typename T>
-__device__ __forceinline__ void ws_issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[8][4], uint64_t v_desc) {
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-    wgmma::Ops<T>::template rs_tb<D>(o, pa[ks], v_desc + static_cast<uint64_t>((ks * 16 * 128) >> 4));
-  }
-  wgmma::commit();
-}
-#endif
 
 
 // Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..), then its output.
@@ -314,7 +275,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(o);
       wgmma::fence();
       const char* stage = stages + ring.stage * W::kStageBytes;
-      ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stage, 16, 1024));
+      issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stage, 16, 1024));
       wgmma::wait<0>();
       wgmma::reg_fence(s);
       if (t + 1 == active) mbar::arrive(bars.q_empty(qb));  // the last S: Q may be refilled
@@ -327,7 +288,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
-      ws_issue_pv<D, T>(o, pa, wgmma::smem_desc(stage + W::kKvTileBytes, W::kKeys * 128, 1024));
+      issue_pv<D, T>(o, pa, wgmma::smem_desc(stage + W::kKvTileBytes, W::kKeys * 128, 1024));
       wgmma::wait<0>();
       wgmma::reg_fence(o);
       wgmma::reg_fence(pa);
@@ -340,7 +301,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       __syncwarp();
       wgmma::fence_async_smem();
       wgmma::fence();
-      ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stages + ring.stage * W::kStageBytes, 16, 1024));
+      issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stages + ring.stage * W::kStageBytes, 16, 1024));
       wgmma::wait<0>();
       wgmma::reg_fence(s);
       if (active == 1) mbar::arrive(bars.q_empty(qb));  // the only S: Q may be refilled
@@ -361,8 +322,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
-      ws_issue_scores<D, T>(s, q_desc, wgmma::smem_desc(stages + nxt.stage * W::kStageBytes, 16, 1024));
-      ws_issue_pv<D, T>(o, pa,
+      issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stages + nxt.stage * W::kStageBytes, 16, 1024));
+      issue_pv<D, T>(o, pa,
                         wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
       wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
       wgmma::reg_fence(s);
@@ -381,7 +342,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
-      ws_issue_pv<D, T>(o, pa,
+      issue_pv<D, T>(o, pa,
                         wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
       wgmma::wait<0>();
       wgmma::reg_fence(o);
@@ -486,7 +447,7 @@ __global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_k
       // (about a tile before they release its last stages), so the next item's Q and first
       // tiles land while they finish it.
       mbar::wait(bars.q_empty(qb), ((n / W::kQBuffers) & 1) ^ 1u);
-      ws_load_q<D, T>(p, ctx, smem + qb * W::kQBytes, pt);
+      load_q_swizzled<D, T>(p, ctx, smem + qb * W::kQBytes, pt, 128);
       mbar::arrive_on_copies(bars.q_full(qb));
 #pragma unroll 1
       for (int t = 0; t < tiles.count; ++t) {

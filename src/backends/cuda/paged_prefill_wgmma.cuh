@@ -207,12 +207,15 @@ struct Ops {
 
 }  // namespace wgmma
 
-// Copies the item's packed query rows into the swizzled Q blocks (zero rows past the item).
+// Copies the item's packed query rows (W::kRows) into the swizzled Q blocks (zero rows past the
+// item); thread `tid` of `threads` takes every threads-th 16-byte chunk (the wgmma path: the CTA;
+// the warp-specialized kernel: its producer warpgroup).
 template <int D, typename T>
 __device__ __forceinline__ void load_q_swizzled(const AttentionKernelParams& p, const ItemContext& ctx,
-                                                char* q_smem) {
+                                                char* q_smem, int tid = threadIdx.x,
+                                                int threads = kThreadsPerCta) {
   using W = WgmmaPrefillTraits<D>;
-  for (int idx = threadIdx.x; idx < W::kRows * W::kChunks; idx += kThreadsPerCta) {
+  for (int idx = tid; idx < W::kRows * W::kChunks; idx += threads) {
     const int row = idx / W::kChunks;
     const int c = idx - row * W::kChunks;
     const bool valid = row < ctx.item.num_rows;
@@ -286,27 +289,35 @@ struct WgmmaKvRows {
   }
 };
 
-// S (64 x 64) = Q_h . K^T for one 64-row block, issued (not waited for). Descriptors of the two
-// tiles' starts; step kk moves 32 bytes inside a 128-byte row, 4 steps to the next column block.
-template <int D, typename T>
-__device__ __forceinline__ void issue_scores(float (&s)[8][4], uint64_t q_desc, uint64_t k_desc) {
+// S (64 x NK) = Q_h . K^T for one 64-row block, issued (not waited for); K tiles of NK = 64 keys
+// (the wgmma path) or 128 (the warp-specialized kernel). Descriptors of the two tiles' starts; step
+// kk moves 32 bytes inside a 128-byte row, 4 steps to the next column block (64 rows apart in Q,
+// NK in K).
+template <int D, typename T, int NK = 64>
+__device__ __forceinline__ void issue_scores(float (&s)[NK / 8][4], uint64_t q_desc, uint64_t k_desc) {
+  static_assert(NK == 64 || NK == 128);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    const uint64_t step = static_cast<uint64_t>(((kk >> 2) * (64 * 128) + (kk & 3) * 32) >> 4);
-    wgmma::Ops<T>::ss_n64(s, q_desc + step, k_desc + step, kk > 0 ? 1 : 0);
+    const uint64_t qs = static_cast<uint64_t>(((kk >> 2) * (64 * 128) + (kk & 3) * 32) >> 4);
+    const uint64_t ks = static_cast<uint64_t>(((kk >> 2) * (NK * 128) + (kk & 3) * 32) >> 4);
+    if constexpr (NK == 64) {
+      wgmma::Ops<T>::ss_n64(s, q_desc + qs, k_desc + ks, kk > 0 ? 1 : 0);
+    } else {
+      wgmma::Ops<T>::ss_n128(s, q_desc + qs, k_desc + ks, kk > 0 ? 1 : 0);
+    }
   }
   wgmma::commit();
 #endif
 }
 
-// O_h (64 x D) += P_h (64 x 64, registers) . V (64 keys x D, N-major), issued (not waited for);
-// step ks moves 16 keys (2048 bytes).
-template <int D, typename T>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[4][4], uint64_t v_desc) {
+// O_h (64 x D) += P_h (64 x 16 KS keys, registers) . V (16 KS keys x D, N-major), issued (not
+// waited for); step ks moves 16 keys (2048 bytes).
+template <int D, typename T, int KS>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[KS][4], uint64_t v_desc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
-  for (int ks = 0; ks < kKeysPerTile / 16; ++ks) {
+  for (int ks = 0; ks < KS; ++ks) {
     wgmma::Ops<T>::template rs_tb<D>(o, pa[ks], v_desc + static_cast<uint64_t>((ks * 16 * 128) >> 4));
   }
   wgmma::commit();
