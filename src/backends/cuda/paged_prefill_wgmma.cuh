@@ -207,15 +207,12 @@ struct Ops {
 
 }  // namespace wgmma
 
-// Copies the item's packed query rows (W::kRows) into the swizzled Q blocks (zero rows past the
-// item); thread `tid` of `threads` takes every threads-th 16-byte chunk (the wgmma path: the CTA;
-// the warp-specialized kernel: its producer warpgroup).
+// Copies the item's packed query rows into the swizzled Q blocks (zero rows past the item).
 template <int D, typename T>
 __device__ __forceinline__ void load_q_swizzled(const AttentionKernelParams& p, const ItemContext& ctx,
-                                                char* q_smem, int tid = threadIdx.x,
-                                                int threads = kThreadsPerCta) {
+                                                char* q_smem) {
   using W = WgmmaPrefillTraits<D>;
-  for (int idx = tid; idx < W::kRows * W::kChunks; idx += threads) {
+  for (int idx = threadIdx.x; idx < W::kRows * W::kChunks; idx += kThreadsPerCta) {
     const int row = idx / W::kChunks;
     const int c = idx - row * W::kChunks;
     const bool valid = row < ctx.item.num_rows;
