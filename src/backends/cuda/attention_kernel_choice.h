@@ -16,8 +16,8 @@
 // elsewhere), "mma" (the mma.sync prefill path for every launch), "wgmma" (the one-warpgroup
 // wgmma path where it exists) or "ws" (the warp-specialized kernel where it exists, head sizes 64
 // and 128). Any other value is an Error naming the variable. (Head size 64 stays on wgmma under
-// auto: the warp-specialized kernel's prefill is faster there but its mixed batch slower,
-// 0.20 vs 0.175 ms; docs/perf/cuda.md.)
+// auto until its whole grid is measured on the warp-specialized kernel: prefill 4x4k 261 vs 218
+// TFLOP/s, mixed batch 0.173 vs 0.174 ms in the last same-run check; docs/perf/cuda.md.)
 #pragma once
 
 #include <optional>
