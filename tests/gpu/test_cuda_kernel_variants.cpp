@@ -183,8 +183,9 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
     const ChoiceGuard guard(AttentionKernelChoice::automatic);
     EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false).ctas_per_sm, 1);
     EXPECT_TRUE(cuda::attention_kernel_info(128, DType::bf16, false).warp_specialized);
-    EXPECT_EQ(cuda::attention_kernel_info(64, DType::bf16, false).ctas_per_sm, 2);
-    EXPECT_FALSE(cuda::attention_kernel_info(64, DType::bf16, false).warp_specialized);
+    EXPECT_EQ(cuda::attention_kernel_info(64, DType::bf16, false).ctas_per_sm, 1);
+    EXPECT_TRUE(cuda::attention_kernel_info(64, DType::bf16, false).warp_specialized);
+    EXPECT_FALSE(cuda::attention_kernel_info(256, DType::bf16, false).warp_specialized);
     EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true).ctas_per_sm, 2);
   }
   {

@@ -78,8 +78,8 @@ AttentionKernelChoice parse_prefill_kernel_choice(const char* value) {
        {"mma", static_cast<int>(AttentionKernelChoice::mma)},
        {"ws", static_cast<int>(AttentionKernelChoice::ws)},
        {"wgmma", static_cast<int>(AttentionKernelChoice::wgmma)}},
-      "auto (with 16-bit caches on sm_90a: the warp-specialized kernel for head size 128, wgmma for 64 and "
-      "256; mma.sync elsewhere), mma (the mma.sync prefill path everywhere), wgmma (the one-warpgroup wgmma "
+      "auto (with 16-bit caches on sm_90a: the warp-specialized kernel for head sizes 64 and 128, wgmma "
+      "for 256; mma.sync elsewhere), mma (the mma.sync prefill path everywhere), wgmma (the one-warpgroup wgmma "
       "path for head sizes 64, 128 and 256, mma.sync elsewhere) or ws (the warp-specialized kernel for head "
       "sizes 64 and 128, auto elsewhere)"));
 }

@@ -12,12 +12,12 @@
 //                      caches, head sizes 64 and 128 (equal head_size_v), sm_90a only.
 //
 // PAGEDATTN_CUDA_PREFILL_KERNEL (read once): "auto" (default: on a device that loads the sm_90a
-// image, the warp-specialized kernel for head size 128 and wgmma for 64 and 256; mma.sync
+// image, the warp-specialized kernel for head sizes 64 and 128 and wgmma for 256; mma.sync
 // elsewhere), "mma" (the mma.sync prefill path for every launch), "wgmma" (the one-warpgroup
 // wgmma path where it exists) or "ws" (the warp-specialized kernel where it exists, head sizes 64
-// and 128). Any other value is an Error naming the variable. (Head size 64 stays on wgmma under
-// auto until its whole grid is measured on the warp-specialized kernel: prefill 4x4k 261 vs 218
-// TFLOP/s, mixed batch 0.173 vs 0.174 ms in the last same-run check; docs/perf/cuda.md.)
+// and 128; the same as auto today). Any other value is an Error naming the variable. (Head size
+// 64 on ws vs wgmma, same run: prefill 4x4k 304 vs 215 TFLOP/s, mixed batch 0.127 vs 0.175 ms;
+// docs/perf/cuda.md.)
 #pragma once
 
 #include <optional>

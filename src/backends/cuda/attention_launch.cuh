@@ -58,8 +58,7 @@ template <int D, bool kFp8>
 int select_kernel_variant(bool equal_dims, bool ws_fits = true) {
   const AttentionKernelChoice choice = attention_kernel_choice();
   if constexpr (WsTraits<D>::kSupported && !kFp8) {
-    const bool want_ws =
-        choice == AttentionKernelChoice::ws || (choice == AttentionKernelChoice::automatic && D == 128);
+    const bool want_ws = choice == AttentionKernelChoice::ws || choice == AttentionKernelChoice::automatic;
     if (want_ws && equal_dims && ws_fits && wgmma_kernels_available()) return kVariantWs;
   }
   if constexpr (WgmmaPrefillTraits<D>::kSupported && !kFp8) {
