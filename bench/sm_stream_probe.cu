@@ -21,29 +21,16 @@
 // was its own producer's instruction stream (fixed by the branch-free copy path), not the copy
 // engine.
 //
-// Build: nvcc -O3 -std=c++20 -Iinclude -Isrc -gencode=arch=compute_90a,code=sm_90a \
-//          bench/sm_stream_probe.cu -o sm_stream_probe
+// Build: the sm_stream_probe target (bench/CMakeLists.txt; preset `cuda`). Run it alone.
 #include <cuda.h>
-#include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <numeric>
 #include <random>
-#include <vector>
 
 #include "backends/cuda/wgmma_common.cuh"
+#include "cuda_bench_common.cuh"
 
-#define CHECK(expr)                                                                              \
-  do {                                                                                           \
-    const cudaError_t s_ = (expr);                                                               \
-    if (s_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(s_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+#define CHECK(expr) BENCH_CUDA(expr)
 
 namespace {
 using namespace pagedattn::cuda;
@@ -71,6 +58,21 @@ struct Args {
   int delay_ns;
 };
 
+// The ring's barriers (after the stages): full (full_count arrivals) and empty (the 128 consumer
+// threads) per stage; returns the full barriers, the empty ones follow.
+__device__ __forceinline__ uint64_t* init_ring(char* smem, int full_count) {
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar::init(full + s, full_count);
+      mbar::init(full + kStages + s, 128);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  return full;
+}
+
 __device__ __forceinline__ void consumer(const Args& a, char* smem, uint64_t* full, uint64_t* empty) {
   int stage = 0;
   uint32_t phase = 0;
@@ -96,15 +98,8 @@ __device__ __forceinline__ void consumer(const Args& a, char* smem, uint64_t* fu
 
 __global__ void __launch_bounds__(256, 1) stream_cp_async(const Args a) {
   extern __shared__ __align__(1024) char smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* full = init_ring(smem, 128);
   uint64_t* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar::init(full + s, 128);
-      mbar::init(empty + s, 128);
-    }
-  }
-  __syncthreads();
   if (threadIdx.x >= 128) {
     consumer(a, smem, full, empty);
     return;
@@ -172,16 +167,8 @@ __device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
 __global__ void __launch_bounds__(256, 1)
     stream_tma(const Args a, const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap) {
   extern __shared__ __align__(1024) char smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* full = init_ring(smem, 1);
   uint64_t* empty = full + kStages;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar::init(full + s, 1);
-      mbar::init(empty + s, 128);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
   if (threadIdx.x >= 128) {
     consumer(a, smem, full, empty);
     return;
