@@ -58,21 +58,6 @@ struct Args {
   int delay_ns;
 };
 
-// The ring's barriers (after the stages): full (full_count arrivals) and empty (the 128 consumer
-// threads) per stage; returns the full barriers, the empty ones follow.
-__device__ __forceinline__ uint64_t* init_ring(char* smem, int full_count) {
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar::init(full + s, full_count);
-      mbar::init(full + kStages + s, 128);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  return full;
-}
-
 __device__ __forceinline__ void consumer(const Args& a, char* smem, uint64_t* full, uint64_t* empty) {
   int stage = 0;
   uint32_t phase = 0;
@@ -96,14 +81,31 @@ __device__ __forceinline__ void consumer(const Args& a, char* smem, uint64_t* fu
   if (acc == 0x12345678u) atomicAdd(a.sink, 1ull);
 }
 
+// The ring's barriers (after the stages): full (full_count arrivals) and empty (the 128 consumer
+// threads) per stage. Threads 128.. run the consumer and get nullptr; the producer threads get the
+// full barriers (the empty ones follow).
+__device__ __forceinline__ uint64_t* start_ring(const Args& a, char* smem, int full_count) {
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar::init(full + s, full_count);
+      mbar::init(full + kStages + s, 128);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= 128) {
+    consumer(a, smem, full, full + kStages);
+    return nullptr;
+  }
+  return full;
+}
+
 __global__ void __launch_bounds__(256, 1) stream_cp_async(const Args a) {
   extern __shared__ __align__(1024) char smem[];
-  uint64_t* full = init_ring(smem, 128);
+  uint64_t* full = start_ring(a, smem, 128);
+  if (full == nullptr) return;  // a consumer thread, done
   uint64_t* empty = full + kStages;
-  if (threadIdx.x >= 128) {
-    consumer(a, smem, full, empty);
-    return;
-  }
   const int pt = threadIdx.x;
   const int row0 = pt >> 3;
   const int chunk = pt & 7;
@@ -167,12 +169,9 @@ __device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
 __global__ void __launch_bounds__(256, 1)
     stream_tma(const Args a, const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap) {
   extern __shared__ __align__(1024) char smem[];
-  uint64_t* full = init_ring(smem, 1);
+  uint64_t* full = start_ring(a, smem, 1);
+  if (full == nullptr) return;  // a consumer thread, done
   uint64_t* empty = full + kStages;
-  if (threadIdx.x >= 128) {
-    consumer(a, smem, full, empty);
-    return;
-  }
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
   int stage = 0;
