@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Peers for bench/cuda_attention_bench: PyTorch scaled_dot_product_attention (flash and cuDNN
 backends) on CONTIGUOUS KV (no paging) for the same decode / prefill shapes, timed the same way
-(CUDA events, median of 5 repeats, inputs rotated so the KV does not sit in L2).
+(CUDA events, median of 5 repeats, inputs rotated so the KV does not sit in L2), and
+flex_attention (torch.compile'd, causal block mask; contiguous KV too) for the issue's target
+shapes at head size 128 (FLEX_ROWS: each shape compiles once, ~10-20 s).
 
 Usage: cuda_peers.py BENCH.json OUT.json   (reads the rows to mirror from BENCH.json)
 fp8-KV rows are compared with the bf16 peer (SDPA has no fp8 KV); mixed rows have no peer.
@@ -13,6 +15,25 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+FLEX = "flex"
+FLEX_ROWS = {"decode b128x4k", "decode b64x2k", "decode b1x8k", "decode b32x16k", "prefill 4x4k causal",
+             "prefill 1x16k causal", "prefill 16x1k causal"}
+_flex = {}
+
+
+def flex_call(q, k, v, causal):
+    """flex_attention compiled once per process; the causal block mask cached per shape."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    if "fn" not in _flex:
+        _flex["fn"] = torch.compile(flex_attention, dynamic=False)
+    mask = None
+    if causal:
+        key = (q.shape[2], k.shape[2])
+        if key not in _flex:
+            _flex[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, key[0], key[1], device="cuda")
+        mask = _flex[key]
+    return _flex["fn"](q, k, v, block_mask=mask, enable_gqa=True)
 
 
 def time_ms(fn, iters):
@@ -56,6 +77,9 @@ def peer_row(row, backend):
     def fn():
         i = state["i"] % rot
         state["i"] += 1
+        if backend == FLEX:
+            flex_call(qs[i], ks[i], vs[i], causal)
+            return
         with sdpa_kernel([backend]):
             F.scaled_dot_product_attention(qs[i], ks[i], vs[i], is_causal=causal, enable_gqa=True)
 
@@ -79,6 +103,8 @@ def main():
                 "sdpa_flash": peer_row(row, SDPBackend.FLASH_ATTENTION),
                 "sdpa_cudnn": peer_row(row, SDPBackend.CUDNN_ATTENTION),
             }
+            if key[1] in FLEX_ROWS and key[2] == 128:
+                cache[key]["flex"] = peer_row(row, FLEX)
             torch.cuda.empty_cache()
             print(key, cache[key], file=sys.stderr, flush=True)
         out["rows"].append({"grid": row["grid"], "name": row["name"], "head_size": row["head_size"],
