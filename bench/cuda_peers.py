@@ -19,21 +19,23 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 FLEX = "flex"
 FLEX_ROWS = {"decode b128x4k", "decode b64x2k", "decode b1x8k", "decode b32x16k", "prefill 4x4k causal",
              "prefill 1x16k causal", "prefill 16x1k causal"}
-_flex = {}
+_flex_fn = []      # flex_attention compiled once per process
+_flex_masks = {}   # causal block mask per (q_len, kv_len)
 
 
 def flex_call(q, k, v, causal):
     """flex_attention compiled once per process; the causal block mask cached per shape."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    if "fn" not in _flex:
-        _flex["fn"] = torch.compile(flex_attention, dynamic=False)
+    if not _flex_fn:
+        _flex_fn.append(torch.compile(flex_attention, dynamic=False))
     mask = None
     if causal:
         key = (q.shape[2], k.shape[2])
-        if key not in _flex:
-            _flex[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, key[0], key[1], device="cuda")
-        mask = _flex[key]
-    return _flex["fn"](q, k, v, block_mask=mask, enable_gqa=True)
+        if key not in _flex_masks:
+            _flex_masks[key] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, key[0], key[1],
+                                                 device="cuda")
+        mask = _flex_masks[key]
+    return _flex_fn[0](q, k, v, block_mask=mask, enable_gqa=True)
 
 
 def time_ms(fn, iters):

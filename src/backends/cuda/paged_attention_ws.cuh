@@ -298,7 +298,8 @@ __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, 
   }
 }
 
-// Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..), then its output.
+// Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..; decode-path items:
+// rows 0.. and every other tile, merged into consumer 1), then its output.
 template <int D, typename T>
 __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContext& ctx, char* smem,
                                 const WsBarriers<D>& bars, RingPos& ring, int qb, uint32_t q_phase, int wg) {
