@@ -125,6 +125,9 @@ struct AttentionMetadata {
   bool use_cascade = false;
   int common_prefix_len = 0;
   TensorView slot_mapping;  // what reshape_and_cache uses this step
+  // The largest block id and slot the step touches (kv_cache_footprint, at build()): every
+  // entry point checks it against the kv_cache it is given before its first write.
+  KVCacheFootprint cache_footprint;
 };
 
 class AttentionMetadataBuilder {
@@ -168,6 +171,14 @@ class AttentionImpl {
   virtual void do_kv_cache_update(const LayerScales& scales, const TensorView& key,
                                   const TensorView& value, const TensorView& kv_cache,
                                   const AttentionMetadata& metadata) = 0;
+  // Every check forward() makes, with no side effect. The layer calls it before
+  // do_kv_cache_update, so a call that forward would reject leaves the cache byte-identical;
+  // forward() runs it too (a direct caller gets the same errors).
+  virtual void check_forward(const LayerScales& scales, const TensorView& query,
+                             const TensorView& key, const TensorView& value,
+                             const TensorView& kv_cache, const AttentionMetadata& metadata,
+                             const TensorView& output, const TensorView& output_scale = {},
+                             const TensorView& output_lse = {}) const = 0;
   // Attends. query (T, Hq, D); key/value (T, Hkv, D / Dv) — read only by the no-cache types
   // (encoder, encoder_only); kv_cache as in kv_cache.h; output (T, Hq, Dv) in the activation
   // dtype, or fp8_e4m3 when output_scale (f32 (1,)) is given; output_lse (Hq, T) f32 natural log

@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pagedattn/tensor.h"
@@ -32,6 +33,12 @@ struct CommonAttentionMetadata {
   TensorView query_start_loc_cpu;      // (num_reqs + 1,) i32
   TensorView seq_lens_cpu;             // (num_reqs,) i32
   TensorView num_computed_tokens_cpu;  // (num_reqs,) i32 == seq_lens - query_lens
+  // Optional host mirrors of block_table_tensor and slot_mapping (Device::cpu, same shapes).
+  // Builders check every block id and slot on the host at plan time (kv_cache_footprint): with
+  // these mirrors a CUDA builder reads them; without them it copies the device tensors to the
+  // host (one synchronous copy per build()). make_common_attention_metadata fills them.
+  TensorView block_table_cpu;          // (>= num_reqs, max_num_blocks_per_req) i32
+  TensorView slot_mapping_cpu;         // (>= num_actual_tokens,) i64
 
   int num_reqs = 0;
   int num_actual_tokens = 0;  // == query_start_loc_cpu[num_reqs]
@@ -50,15 +57,48 @@ struct CommonAttentionMetadata {
   // query_len, num_computed_tokens != seq_len - query_len, block ids outside [0, num_blocks)
   // in the blocks a request uses (cdiv(seq_len, block_size) of its row; pass num_blocks < 0 or
   // block_size <= 0 to skip), slots outside [0, num_blocks * block_size) other than -1.
-  // Device tensors are checked only for dtype/shape/device (their contents are not read).
+  // Device tensors are checked only for dtype/shape/device (their contents are not read); the
+  // optional host mirrors block_table_cpu / slot_mapping_cpu, when given, get the content checks
+  // (and must equal the tensors they mirror when those are on the host too).
   void validate(int64_t num_blocks = -1, int block_size = 0) const;
+
+ private:
+  void check_host_device_tensors() const;  // a CPU backend's tensors against their mirrors
+  void check_block_ids_and_slots(const TensorView& table, const TensorView& slots,
+                                 int64_t num_blocks, int block_size) const;
 };
+
+// What one step reads and writes of a paged KV cache, found at plan time on the host. A plan
+// keeps it (AttentionMetadata::cache_footprint) and every entry point that writes or reads the
+// cache checks it against the kv_cache it is given, in O(1), before its first write: a block
+// table naming blocks the cache lacks, or a plan built for a larger cache, is rejected with the
+// cache byte-identical.
+struct KVCacheFootprint {
+  bool scanned = false;         // false: not computed (a no-cache plan); check_fits accepts
+  int64_t max_block = -1;       // largest block id a request reads (-1: none)
+  int max_block_req = -1;       // where it sits: block_table[max_block_req][max_block_col]
+  int64_t max_block_col = -1;
+  int64_t max_slot = -1;        // largest slot written this step (-1: none)
+  int64_t max_slot_index = -1;  // its index in slot_mapping
+  // Error naming "metadata" (message "<who> <entry>: ...", e.g. "CPU forward: ") unless a cache
+  // of num_blocks blocks of block_size tokens holds every block id and slot above.
+  void check_fits(int64_t num_blocks, int64_t block_size, std::string_view who,
+                  std::string_view entry) const;
+};
+
+// Scans the block-table columns each request reads (cdiv(seq_lens_cpu[r], block_size) of row r)
+// and every entry of slot_mapping. A negative block id there, or a slot below -1, is an Error
+// naming the entry. Reads block_table_cpu / slot_mapping_cpu when given, the tensors themselves
+// when they live on the host, else a synchronous copy of the device tensors. Call after
+// validate().
+KVCacheFootprint kv_cache_footprint(const CommonAttentionMetadata& common, int block_size);
 
 // Owns the tensors behind a CommonAttentionMetadata built from host arrays.
 struct OwnedCommonAttentionMetadata {
   CommonAttentionMetadata common;  // views into the tensors below (stable across moves)
   Tensor query_start_loc, seq_lens, block_table, slot_mapping;           // device copies
   Tensor query_start_loc_cpu, seq_lens_cpu, num_computed_tokens_cpu;     // host mirrors
+  Tensor block_table_cpu, slot_mapping_cpu;  // host mirrors (device != cpu only)
 };
 
 struct CommonAttentionMetadataArgs {

@@ -254,6 +254,12 @@ class MLAAttentionImpl {
                        const TensorView& k_pe, const TensorView& kv_cache,
                        const AttentionMetadata& metadata, const TensorView& output,
                        const TensorView& output_lse = {}) = 0;
+  // Every check forward() makes, with no side effect: the layer calls it before
+  // do_kv_cache_update, so a call forward would reject leaves the cache byte-identical.
+  virtual void check_forward(const LayerScales& scales, const TensorView& q,
+                             const TensorView& kv_c_normed, const TensorView& k_pe,
+                             const TensorView& kv_cache, const AttentionMetadata& metadata,
+                             const TensorView& output, const TensorView& output_lse = {}) const = 0;
   virtual bool can_return_lse_for_decode() const { return true; }
   // The prefill backend this impl runs its prefill tokens with.
   virtual std::string_view prefill_backend_name() const = 0;

@@ -65,8 +65,9 @@ void add_host_selector_reasons(const SelectorConfig& config, std::string_view wh
 }
 
 void check_standard_kv_cache(const AttentionImplParams& params, DType cache_dtype,
-                             const TensorView& kv_cache, int block_size, std::string_view who,
-                             std::string_view entry) {
+                             const TensorView& kv_cache, const HostBatchPlan& plan,
+                             std::string_view who, std::string_view entry) {
+  const int block_size = plan.block_size;
   const int64_t cache_head_size = std::max(params.head_size, params.value_head_size());
   PAGEDATTN_CHECK(kv_cache.defined(), "kv_cache", who, " ", entry,
                   ": kv_cache is required for attn_type = ", attention_type_name(params.attn_type));
@@ -79,6 +80,8 @@ void check_standard_kv_cache(const AttentionImplParams& params, DType cache_dtyp
                   "kv_cache", who, " ", entry, ": kv_cache has shape ", kv_cache.shape().str(),
                   ": expected (2, num_blocks, ", block_size, ", ", params.kv_heads(), ", ",
                   cache_head_size, ")");
+  // Every block a request reads and every slot written fit this cache (O(1): found at build()).
+  plan.cache_footprint.check_fits(kv_cache.size(1), block_size, who, entry);
 }
 
 void check_layer_scales(const AttentionImplParams& params, DType cache_dtype,
@@ -208,6 +211,7 @@ void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
             base[r * bt.stride(0) + c * bt.stride(1)];
       }
     }
+    plan.cache_footprint = kv_cache_footprint(common, spec.block_size);
   }
 
   const int64_t num_slots = type == AttentionType::encoder_decoder ? common.slot_mapping.size(0)

@@ -24,11 +24,13 @@ std::vector<std::string> kv_cache_dtype_names();  // the list above
 void add_host_selector_reasons(const SelectorConfig& config, std::string_view who,
                                std::vector<std::string>& reasons);
 
+struct HostBatchPlan;
 // The standard 5-D cache a host impl reads: defined, on the host, `cache_dtype`, shape
-// (2, num_blocks, block_size, Hkv, max(D, Dv)). `who` + `entry` prefix messages.
+// (2, num_blocks, block_size, Hkv, max(D, Dv)) with plan.block_size, large enough for every
+// block and slot of the plan (plan.cache_footprint). `who` + `entry` prefix messages.
 void check_standard_kv_cache(const AttentionImplParams& params, DType cache_dtype,
-                             const TensorView& kv_cache, int block_size, std::string_view who,
-                             std::string_view entry);
+                             const TensorView& kv_cache, const HostBatchPlan& plan,
+                             std::string_view who, std::string_view entry);
 
 // Layer scales of a host impl: per-head scales f32 (num_kv_heads,) on the host when given;
 // per-tensor k/v scales positive and finite when the cache is fp8. `who` + `entry` prefix

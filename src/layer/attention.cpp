@@ -322,9 +322,13 @@ void Attention::forward(const TensorView& query, const TensorView& key, const Te
     PAGEDATTN_CHECK(kv_cache.device() == device, "kv_cache", "Attention '", layer,
                     "': kv_cache is on ", device_name(kv_cache.device()), ", expected ",
                     device_name(device));
-    if (owns_cache && has_kv) {
-      impl_->do_kv_cache_update(scales_, key, value, kv_cache, metadata);
-    }
+  }
+  // Every check of the attention itself (block ids against this cache, output_scale's value,
+  // strides, ...) runs before the cache write, so a rejected call leaves the cache untouched.
+  impl_->check_forward(scales_, query, key, value, kv_cache, metadata, output, output_scale,
+                       output_lse);
+  if (uses_kv_cache(type) && owns_cache && has_kv) {
+    impl_->do_kv_cache_update(scales_, key, value, kv_cache, metadata);
   }
   impl_->forward(scales_, query, key, value, kv_cache, metadata, output, output_scale, output_lse);
 }

@@ -203,6 +203,8 @@ void MLAAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   PAGEDATTN_CHECK(kv_cache.device() == device, "kv_cache", "MLAAttention '", layer,
                   "': kv_cache is on ", device_name(kv_cache.device()), ", expected ",
                   device_name(device));
+  // Every check of the attention (block ids against this cache included) before the write.
+  impl_->check_forward(scales_, q, kv_c_normed, k_pe, kv_cache, metadata, output, output_lse);
   if (!params_.kv_sharing_target_layer_name) {
     impl_->do_kv_cache_update(scales_, kv_c_normed, k_pe, kv_cache, metadata);
   }

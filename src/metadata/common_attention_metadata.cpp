@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "metadata/host_read.h"
@@ -46,6 +47,19 @@ int32_t read_mirror(const TensorView& mirror, const char* field, int64_t index) 
                       mirror.data() != nullptr,
                   field, kWho, field, " (", mirror.describe(), ") has no i32 host entry ", index);
   return read_i32(mirror, index);
+}
+
+// Element-wise equality of two host tensors of one shape (1-D i64 or 2-D i32).
+bool same_contents(const TensorView& a, const TensorView& b) {
+  if (a.ndim() == 1) {
+    for (int64_t i = 0; i < a.size(0); ++i)
+      if (read_i64(a, i) != read_i64(b, i)) return false;
+    return true;
+  }
+  for (int64_t r = 0; r < a.size(0); ++r)
+    for (int64_t c = 0; c < a.size(1); ++c)
+      if (read_i32(a, r, c) != read_i32(b, r, c)) return false;
+  return true;
 }
 
 void check_request_index(int req, int num_reqs) {
@@ -155,6 +169,19 @@ void CommonAttentionMetadata::validate(int64_t num_blocks, int block_size) const
                     ": every device tensor must be on the same device");
   }
 
+  // ---- optional host mirrors of the block table and slot mapping ----------------------------
+  for (const auto& [mirror, of, name] :
+       {std::tuple{&block_table_cpu, &block_table_tensor, "block_table_cpu"},
+        std::tuple{&slot_mapping_cpu, &slot_mapping, "slot_mapping_cpu"}}) {
+    if (!mirror->defined()) continue;
+    check_field(*mirror, name, of->dtype(), of->ndim());
+    PAGEDATTN_CHECK(mirror->device() == Device::cpu, name, kWho, name, " is on ",
+                    device_name(mirror->device()), ": host mirrors must be on the cpu");
+    PAGEDATTN_CHECK(mirror->shape() == of->shape(), name, kWho, name, " has shape ",
+                    mirror->shape().str(), ": expected the shape of the tensor it mirrors, ",
+                    of->shape().str());
+  }
+
   // ---- block-table width needed by each request (reads only the host mirrors) ---------------
   const bool check_blocks = num_blocks >= 0 && block_size > 0;
   const int64_t table_cols = block_table_tensor.size(1);
@@ -169,7 +196,23 @@ void CommonAttentionMetadata::validate(int64_t num_blocks, int block_size) const
   }
 
   // ---- contents of device tensors that live on the host ------------------------------------
-  if (device != Device::cpu) return;
+  if (device == Device::cpu) check_host_device_tensors();
+  // Block ids and slots: from the host mirrors when given, else from host device tensors.
+  const TensorView& table = block_table_cpu.defined() ? block_table_cpu : block_table_tensor;
+  const TensorView& slots = slot_mapping_cpu.defined() ? slot_mapping_cpu : slot_mapping;
+  if (table.device() != Device::cpu || slots.device() != Device::cpu) return;
+  if (device == Device::cpu) {
+    for (const auto& [mirror, of, name] :
+         {std::tuple{&block_table_cpu, &block_table_tensor, "block_table_cpu"},
+          std::tuple{&slot_mapping_cpu, &slot_mapping, "slot_mapping_cpu"}}) {
+      PAGEDATTN_CHECK(!mirror->defined() || same_contents(*mirror, *of), name, kWho, name,
+                      " differs from the host tensor it mirrors");
+    }
+  }
+  check_block_ids_and_slots(table, slots, num_blocks, block_size);
+}
+
+void CommonAttentionMetadata::check_host_device_tensors() const {
   for (int r = 0; r <= num_reqs; ++r) {
     const int32_t d = read_i32(query_start_loc, r);
     const int32_t h = read_i32(query_start_loc_cpu, r);
@@ -182,11 +225,17 @@ void CommonAttentionMetadata::validate(int64_t num_blocks, int block_size) const
     PAGEDATTN_CHECK(d == h, "seq_lens", kWho, "seq_lens[", r, "] = ", d,
                     " differs from its host mirror seq_lens_cpu[", r, "] = ", h);
   }
+}
+
+void CommonAttentionMetadata::check_block_ids_and_slots(const TensorView& table,
+                                                        const TensorView& slots,
+                                                        int64_t num_blocks, int block_size) const {
+  const bool check_blocks = num_blocks >= 0 && block_size > 0;
   if (check_blocks) {
     for (int r = 0; r < num_reqs; ++r) {
       const int64_t used = cdiv(read_i32(seq_lens_cpu, r), block_size);
       for (int64_t c = 0; c < used; ++c) {
-        const int32_t id = read_i32(block_table_tensor, r, c);
+        const int32_t id = read_i32(table, r, c);
         PAGEDATTN_CHECK(id >= 0 && id < num_blocks, "block_table_tensor", kWho,
                         "block_table_tensor[", r, "][", c, "] = ", id,
                         " is out of range: expected a block id in [0, ", num_blocks,
@@ -196,7 +245,7 @@ void CommonAttentionMetadata::validate(int64_t num_blocks, int block_size) const
   }
   const int64_t num_slots = check_blocks ? num_blocks * block_size : -1;
   for (int64_t i = 0; i < num_actual_tokens; ++i) {
-    const int64_t slot = read_i64(slot_mapping, i);
+    const int64_t slot = read_i64(slots, i);
     if (num_slots >= 0) {
       PAGEDATTN_CHECK(slot == -1 || (slot >= 0 && slot < num_slots), "slot_mapping", kWho,
                       "slot_mapping[", i, "] = ", slot, " is out of range: expected -1 or a slot in [0, ",
@@ -206,8 +255,8 @@ void CommonAttentionMetadata::validate(int64_t num_blocks, int block_size) const
                       " is negative: expected -1 (skip) or a slot >= 0");
     }
   }
-  for (int64_t i = num_actual_tokens; i < slot_mapping.size(0); ++i) {
-    const int64_t slot = read_i64(slot_mapping, i);
+  for (int64_t i = num_actual_tokens; i < slots.size(0); ++i) {
+    const int64_t slot = read_i64(slots, i);
     PAGEDATTN_CHECK(slot == -1, "slot_mapping", kWho, "slot_mapping[", i, "] = ", slot,
                     " lies past num_actual_tokens = ", num_actual_tokens,
                     ": the padded tail must be -1");
@@ -320,6 +369,11 @@ OwnedCommonAttentionMetadata make_common_attention_metadata(const CommonAttentio
     owned.seq_lens = seq.to(device);
     owned.block_table = table.to(device);
     owned.slot_mapping = slot.to(device);
+    // The host arrays stay as the mirrors builders check block ids and slots on.
+    owned.block_table_cpu = std::move(table);
+    owned.slot_mapping_cpu = std::move(slot);
+    common.block_table_cpu = owned.block_table_cpu.view();
+    common.slot_mapping_cpu = owned.slot_mapping_cpu.view();
   }
   // Tensor moves keep their allocation, so the views stay valid when `owned` is moved.
   common.query_start_loc = owned.query_start_loc.view();

@@ -221,6 +221,14 @@ class DoubleImpl final : public AttentionImpl {
                           const TensorView& kv_cache, const AttentionMetadata& metadata) override {
     inner_->do_kv_cache_update(scales, key, value, kv_cache, metadata);
   }
+  void check_forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
+                     const TensorView& value, const TensorView& kv_cache,
+                     const AttentionMetadata& metadata, const TensorView& output,
+                     const TensorView& output_scale,
+                     const TensorView& output_lse) const override {
+    inner_->check_forward(scales, query, key, value, kv_cache, metadata, output, output_scale,
+                          output_lse);
+  }
   void forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
                const TensorView& value, const TensorView& kv_cache,
                const AttentionMetadata& metadata, const TensorView& output,

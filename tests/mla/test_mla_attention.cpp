@@ -45,6 +45,10 @@ class NaiveDecodeImpl final : public mla::MLACommonImpl {
       : MLACommonImpl(std::move(p)), drop_last_key_(drop_last_key) {}
 
  protected:
+  void check_decode(const LayerScales&, const TensorView& kv_cache, const MLAMetadata&,
+                    const TensorView&) const override {
+    check_defined(kv_cache, "kv_cache");
+  }
   void forward_decode(const LayerScales& scales, const TensorView& q_latent,
                       const TensorView& kv_cache, const MLAMetadata& md, const TensorView& o_latent,
                       const TensorView& lse) override {
@@ -152,6 +156,9 @@ TEST(MLADriver, HarnessCatchesUnwrittenRows) {
     void forward(const LayerScales&, const TensorView&, const TensorView&, const TensorView&,
                  const TensorView&, const AttentionMetadata&, const TensorView&,
                  const TensorView&) override {}
+    void check_forward(const LayerScales&, const TensorView&, const TensorView&,
+                       const TensorView&, const TensorView&, const AttentionMetadata&,
+                       const TensorView&, const TensorView&) const override {}
     std::string_view prefill_backend_name() const override { return "none"; }
   };
   class SilentBackend final : public MLABackend {

@@ -219,7 +219,7 @@ const CpuAttentionMetadata& CpuAttentionImpl::checked_metadata(const AttentionMe
 
 void CpuAttentionImpl::check_kv_cache(const TensorView& kv_cache, const CpuAttentionMetadata& md,
                                       std::string_view entry) const {
-  host::check_standard_kv_cache(params_, cache_dtype_, kv_cache, md.block_size, "CPU", entry);
+  host::check_standard_kv_cache(params_, cache_dtype_, kv_cache, md, "CPU", entry);
   PAGEDATTN_CHECK(kv_cache.stride(4) == 1, "kv_cache", "CPU ", entry, ": kv_cache has strides ",
                   kv_cache.strides().str(), ": expected the head_size dim contiguous (stride 1), "
                   "as in the NHD and HND layouts");
@@ -240,11 +240,11 @@ void CpuAttentionImpl::do_kv_cache_update(const LayerScales& scales, const Tenso
   });
 }
 
-void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& query,
-                               const TensorView& key, const TensorView& value,
-                               const TensorView& kv_cache, const AttentionMetadata& metadata,
-                               const TensorView& output, const TensorView& output_scale,
-                               const TensorView& output_lse) {
+void CpuAttentionImpl::check_forward(const LayerScales& scales, const TensorView& query,
+                                     const TensorView& key, const TensorView& value,
+                                     const TensorView& kv_cache, const AttentionMetadata& metadata,
+                                     const TensorView& output, const TensorView& output_scale,
+                                     const TensorView& output_lse) const {
   const char* entry = "forward";
   const CpuAttentionMetadata& md = checked_metadata(metadata, entry);
   const int num_heads = params_.num_heads;
@@ -252,9 +252,6 @@ void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& quer
   const int head_size = params_.head_size;
   const int head_size_v = params_.value_head_size();
   const int64_t num_tokens = md.num_actual_tokens;
-  const bool cached = uses_kv_cache(params_.attn_type);
-
-  // -- every check before anything is read or written --
   const DType activation[] = {params_.dtype};
   check_defined(query, "query");
   check_device(query, "query", Device::cpu);
@@ -276,15 +273,14 @@ void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& quer
                   "output", "CPU forward: output is ", output.describe(), " with strides ",
                   output.strides().str(), ": expected (>= ", num_tokens, ", ", num_heads, ", ",
                   head_size_v, ") with a contiguous last dim");
-  float output_divisor = 1.f;
   if (output_scale.defined()) {
     const DType f32[] = {DType::f32};
     check_device(output_scale, "output_scale", Device::cpu);
     check_dtype(output_scale, "output_scale", f32);
     check_shape(output_scale, "output_scale", Shape{1});
-    output_divisor = output_scale.data_as<const float>()[0];
-    PAGEDATTN_CHECK(std::isfinite(output_divisor) && output_divisor > 0.f, "output_scale",
-                    "CPU forward: output_scale[0] = ", output_divisor,
+    const float divisor = output_scale.data_as<const float>()[0];
+    PAGEDATTN_CHECK(std::isfinite(divisor) && divisor > 0.f, "output_scale",
+                    "CPU forward: output_scale[0] = ", divisor,
                     " must be a positive finite number");
   }
   if (output_lse.defined()) {
@@ -297,20 +293,8 @@ void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& quer
                     ": expected (", num_heads, ", >= ", num_tokens, ")");
   }
   check_scales(scales, entry);
-  KVCacheViews views;
-  if (cached) {
-    check_kv_cache(kv_cache, md, entry);
-    const int64_t num_blocks = kv_cache.size(1);
-    for (int r = 0; r < md.num_reqs; ++r) {
-      const int64_t used = cdiv(md.seq_lens[r], md.block_size);
-      const int32_t* row = md.block_table.data() + static_cast<int64_t>(r) * md.block_table_cols;
-      for (int64_t b = 0; b < used; ++b) {
-        PAGEDATTN_CHECK(row[b] >= 0 && row[b] < num_blocks, "metadata", "CPU forward: block_table[",
-                        r, "][", b, "] = ", row[b], " is out of range: expected a block in [0, ",
-                        num_blocks, ") of kv_cache");
-      }
-    }
-    views = split_kv_cache(kv_cache, head_size, head_size_v);
+  if (uses_kv_cache(params_.attn_type)) {
+    check_kv_cache(kv_cache, md, entry);  // block ids and slots included (O(1))
   } else {
     for (const auto& [t, arg, dim] : {std::tuple{&key, "key", head_size},
                                       std::tuple{&value, "value", head_size_v}}) {
@@ -328,7 +312,25 @@ void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& quer
   PAGEDATTN_CHECK(md.query_start_loc.back() == num_tokens, "metadata",
                   "CPU forward: metadata query_start_loc ends at ", md.query_start_loc.back(),
                   " but num_actual_tokens = ", num_tokens);
+}
+
+void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& query,
+                               const TensorView& key, const TensorView& value,
+                               const TensorView& kv_cache, const AttentionMetadata& metadata,
+                               const TensorView& output, const TensorView& output_scale,
+                               const TensorView& output_lse) {
+  // -- every check before anything is read or written --
+  check_forward(scales, query, key, value, kv_cache, metadata, output, output_scale, output_lse);
+  const CpuAttentionMetadata& md = static_cast<const CpuAttentionMetadata&>(metadata);
+  const int num_heads = params_.num_heads;
+  const int num_kv_heads = params_.kv_heads();
+  const int head_size = params_.head_size;
+  const int head_size_v = params_.value_head_size();
+  const int64_t num_tokens = md.num_actual_tokens;
+  const bool cached = uses_kv_cache(params_.attn_type);
   if (num_tokens == 0 || md.items.empty()) return;
+  const float output_divisor = output_scale.defined() ? output_scale.data_as<const float>()[0] : 1.f;
+  const KVCacheViews views = cached ? split_kv_cache(kv_cache, head_size, head_size_v) : KVCacheViews{};
 
   // -- kernel arguments (no allocation) --
   const KernelTable& kernels = active_kernels();

@@ -75,6 +75,11 @@ class CpuAttentionImpl final : public AttentionImpl {
 
   void do_kv_cache_update(const LayerScales& scales, const TensorView& key, const TensorView& value,
                           const TensorView& kv_cache, const AttentionMetadata& metadata) override;
+  void check_forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
+                     const TensorView& value, const TensorView& kv_cache,
+                     const AttentionMetadata& metadata, const TensorView& output,
+                     const TensorView& output_scale = {},
+                     const TensorView& output_lse = {}) const override;
   void forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
                const TensorView& value, const TensorView& kv_cache,
                const AttentionMetadata& metadata, const TensorView& output,

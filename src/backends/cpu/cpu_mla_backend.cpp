@@ -312,9 +312,8 @@ class CpuMlaImpl final : public mla::MLACommonImpl {
   }
 
  protected:
-  void forward_decode(const LayerScales& scales, const TensorView& q_latent,
-                      const TensorView& kv_cache, const MLAMetadata& metadata,
-                      const TensorView& o_latent, const TensorView& lse) override {
+  void check_decode(const LayerScales& scales, const TensorView& kv_cache,
+                    const MLAMetadata& metadata, const TensorView& lse) const override {
     const char* who = "CPU_MLA forward_decode: ";
     const auto* plan = dynamic_cast<const CpuMlaMetadata*>(&metadata);
     PAGEDATTN_CHECK(plan != nullptr, "metadata", who,
@@ -328,28 +327,6 @@ class CpuMlaImpl final : public mla::MLACommonImpl {
                     "metadata", who, "metadata was built for num_heads = ", ws.num_heads,
                     ", latent head size ", ws.head_size, ", kv_lora_rank ", ws.head_size_v,
                     " but this layer has ", heads, ", ", latent, ", ", rank);
-
-    // -- every check before anything is read or written --
-    const DType activation[] = {params_.dtype};
-    const DType outputs[] = {DType::f32, DType::f16, DType::bf16};
-    check_defined(q_latent, "q_latent");
-    check_device(q_latent, "q_latent", Device::cpu);
-    check_dtype(q_latent, "q_latent", activation);
-    check_ndim(q_latent, "q_latent", 3);
-    PAGEDATTN_CHECK(q_latent.size(0) >= tokens && q_latent.size(1) == heads &&
-                        q_latent.size(2) == latent && q_latent.stride(2) == 1,
-                    "q_latent", who, "q_latent is ", q_latent.describe(), " with strides ",
-                    q_latent.strides().str(), ": expected (>= ", tokens, ", ", heads, ", ", latent,
-                    ") with a contiguous last dim");
-    check_defined(o_latent, "o_latent");
-    check_device(o_latent, "o_latent", Device::cpu);
-    check_dtype(o_latent, "o_latent", outputs);
-    check_ndim(o_latent, "o_latent", 3);
-    PAGEDATTN_CHECK(o_latent.size(0) >= tokens && o_latent.size(1) == heads &&
-                        o_latent.size(2) == rank && o_latent.stride(2) == 1,
-                    "o_latent", who, "o_latent is ", o_latent.describe(), " with strides ",
-                    o_latent.strides().str(), ": expected (>= ", tokens, ", ", heads, ", ", rank,
-                    ") with a contiguous last dim");
     if (lse.defined()) {
       const DType f32[] = {DType::f32};
       check_device(lse, "lse", Device::cpu);
@@ -372,18 +349,42 @@ class CpuMlaImpl final : public mla::MLACommonImpl {
     PAGEDATTN_CHECK(!fp8 || (std::isfinite(scales.k_scale) && scales.k_scale > 0.f), "k_scale", who,
                     "k_scale = ", scales.k_scale, " must be a positive finite number with an fp8 "
                     "cache (read = fp8 * k_scale)");
-    const int n = plan->num_decodes;
-    const int64_t num_blocks = kv_cache.size(0);
-    const int64_t cols = plan->decode_block_table_cols;
-    for (int r = 0; r < n; ++r) {
-      const int64_t used = cdiv(plan->decode.seq_lens[r], plan->block_size);
-      const int32_t* row = plan->decode_block_table.data() + r * cols;
-      for (int64_t b = 0; b < used; ++b) {
-        PAGEDATTN_CHECK(row[b] >= 0 && row[b] < num_blocks, "metadata", who, "block_table[", r,
-                        "][", b, "] = ", row[b], " is out of range: expected a block in [0, ",
-                        num_blocks, ") of kv_cache");
-      }
-    }
+    // Block ids: plan->cache_footprint, checked against this cache by check_forward.
+  }
+
+  void forward_decode(const LayerScales& scales, const TensorView& q_latent,
+                      const TensorView& kv_cache, const MLAMetadata& metadata,
+                      const TensorView& o_latent, const TensorView& lse) override {
+    const char* who = "CPU_MLA forward_decode: ";
+    // -- every check before anything is read or written --
+    check_decode(scales, kv_cache, metadata, lse);
+    metadata.cache_footprint.check_fits(kv_cache.size(0), kv_cache.size(1), "CPU_MLA",
+                                        "forward_decode");
+    const auto* plan = static_cast<const CpuMlaMetadata*>(&metadata);
+    const int heads = params_.num_heads;
+    const int latent = params_.dims.latent_head_size();
+    const int rank = params_.dims.kv_lora_rank;
+    const int64_t tokens = plan->num_decode_tokens;
+    const DType activation[] = {params_.dtype};
+    const DType outputs[] = {DType::f32, DType::f16, DType::bf16};
+    check_defined(q_latent, "q_latent");
+    check_device(q_latent, "q_latent", Device::cpu);
+    check_dtype(q_latent, "q_latent", activation);
+    check_ndim(q_latent, "q_latent", 3);
+    PAGEDATTN_CHECK(q_latent.size(0) >= tokens && q_latent.size(1) == heads &&
+                        q_latent.size(2) == latent && q_latent.stride(2) == 1,
+                    "q_latent", who, "q_latent is ", q_latent.describe(), " with strides ",
+                    q_latent.strides().str(), ": expected (>= ", tokens, ", ", heads, ", ", latent,
+                    ") with a contiguous last dim");
+    check_defined(o_latent, "o_latent");
+    check_device(o_latent, "o_latent", Device::cpu);
+    check_dtype(o_latent, "o_latent", outputs);
+    check_ndim(o_latent, "o_latent", 3);
+    PAGEDATTN_CHECK(o_latent.size(0) >= tokens && o_latent.size(1) == heads &&
+                        o_latent.size(2) == rank && o_latent.stride(2) == 1,
+                    "o_latent", who, "o_latent is ", o_latent.describe(), " with strides ",
+                    o_latent.strides().str(), ": expected (>= ", tokens, ", ", heads, ", ", rank,
+                    ") with a contiguous last dim");
     if (tokens == 0 || plan->items.empty()) return;
 
     run_latent_decode(*plan, q_latent, kv_cache, params_.dtype, params_.scale, scales.k_scale,

@@ -275,6 +275,9 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   md->use_cascade = plan.cascade_prefix > 0;
   md->common_prefix_len = plan.cascade_prefix;
   md->slot_mapping = TensorView(slots, DType::i64, Shape{num_slots}, Device::cuda, workspace_.view().device_index());
+  // Block ids and slots, checked on the host (the mirrors, or one synchronous copy): forward and
+  // do_kv_cache_update compare them with the cache they get before the first write.
+  if (cached) md->cache_footprint = kv_cache_footprint(common, spec_.block_size);
   md->attn_type = config_.attn_type;
   md->causal = planner.causal;
   md->block_size = spec_.block_size;

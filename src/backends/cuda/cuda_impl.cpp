@@ -127,6 +127,7 @@ void CudaAttentionImpl::do_kv_cache_update(const LayerScales& scales, const Tens
   check_ndim(key, "key", 3);
   PAGEDATTN_CHECK(kv_cache.size(2) == md.block_size, "kv_cache", "CUDA do_kv_cache_update: kv_cache has shape ",
                   kv_cache.shape().str(), ": expected block_size ", md.block_size, " in dim 2");
+  md.cache_footprint.check_fits(kv_cache.size(1), md.block_size, "CUDA", "do_kv_cache_update");
   const KVCacheViews views = split_kv_cache(kv_cache, params_.head_size, params_.value_head_size());
   const int64_t live = std::min(key.size(0), md.slot_mapping.size(0));
   // The op checks every argument (shapes, dtypes, devices, scales) before anything is written.
@@ -134,10 +135,10 @@ void CudaAttentionImpl::do_kv_cache_update(const LayerScales& scales, const Tens
                           params_.kv_cache_dtype, scales);
 }
 
-void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
-                                const TensorView& value, const TensorView& kv_cache,
-                                const AttentionMetadata& metadata, const TensorView& output,
-                                const TensorView& output_scale, const TensorView& output_lse) {
+void CudaAttentionImpl::check_forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
+                                      const TensorView& value, const TensorView& kv_cache,
+                                      const AttentionMetadata& metadata, const TensorView& output,
+                                      const TensorView& output_scale, const TensorView& output_lse) const {
   const CudaAttentionMetadata& md = checked_metadata(metadata, "forward");
   const int num_heads = params_.num_heads;
   const int num_kv_heads = params_.kv_heads();
@@ -145,8 +146,6 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
   const int head_size_v = params_.value_head_size();
   const int64_t num_tokens = md.num_actual_tokens;
   const bool cached = uses_kv_cache(params_.attn_type);
-
-  // ---- every check before anything is launched ----
   PAGEDATTN_CHECK(!output_scale.defined(), "output_scale",
                   "CUDA forward: output_scale is given but the CUDA backend has no fused fp8 output "
                   "quantization (fused_output_quant_supported() == false)");
@@ -164,37 +163,65 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
                     "CUDA forward: output_lse has shape ", output_lse.shape().str(), ": expected (", num_heads,
                     ", >= ", num_tokens, ")");
   }
-  const bool fp8 = is_fp8(cache_dtype_);
-  float k_scale = 1.f, v_scale = 1.f;
-  const float* k_scale_per_head = nullptr;
-  const float* v_scale_per_head = nullptr;
-  if (fp8 && cached) {
+  if (is_fp8(cache_dtype_) && cached) {
     PAGEDATTN_CHECK(std::isfinite(scales.k_scale) && scales.k_scale > 0.f, "scales.k_scale",
                     "CUDA forward: k_scale = ", scales.k_scale, " must be a positive finite number for an fp8 cache");
     PAGEDATTN_CHECK(std::isfinite(scales.v_scale) && scales.v_scale > 0.f, "scales.v_scale",
                     "CUDA forward: v_scale = ", scales.v_scale, " must be a positive finite number for an fp8 cache");
-    k_scale = scales.k_scale;
-    v_scale = scales.v_scale;
-    for (const auto& [t, arg, ptr] : {std::tuple{&scales.k_scale_per_head, "scales.k_scale_per_head", &k_scale_per_head},
-                                      std::tuple{&scales.v_scale_per_head, "scales.v_scale_per_head", &v_scale_per_head}}) {
+    for (const auto& [t, arg] : {std::pair{&scales.k_scale_per_head, "scales.k_scale_per_head"},
+                                 std::pair{&scales.v_scale_per_head, "scales.v_scale_per_head"}}) {
       if (!t->defined()) continue;
       check_tensor(*t, arg, DType::f32, Shape{num_kv_heads}, 0);
       PAGEDATTN_CHECK(t->stride(0) == 1, arg, "CUDA forward: ", arg, " must be contiguous");
-      *ptr = t->data_as<const float>();
     }
   }
-
-  AttentionKernelParams p{};
-  KVCacheViews views;
   if (cached) {
     check_defined(kv_cache, "kv_cache");
     check_tensor(kv_cache, "kv_cache", cache_dtype_,
                  Shape{2, 0, md.block_size, num_kv_heads, std::max(head_size, head_size_v)}, 2);
     PAGEDATTN_CHECK(kv_cache.size(0) == 2, "kv_cache", "CUDA forward: kv_cache has shape ", kv_cache.shape().str(),
                     ": expected 2 in dim 0 (keys, values)");
-    views = split_kv_cache(kv_cache, head_size, head_size_v);
+    const KVCacheViews views = split_kv_cache(kv_cache, head_size, head_size_v);
     check_vector_rows(views.key_cache, "kv_cache", 3);
     check_vector_rows(views.value_cache, "kv_cache", 3);
+    // Every block a request reads and every slot written lie in this cache (O(1): from build()).
+    md.cache_footprint.check_fits(kv_cache.size(1), md.block_size, "CUDA", "forward");
+  } else {
+    check_tensor(key, "key", params_.dtype, Shape{num_tokens, num_kv_heads, head_size}, 1);
+    check_tensor(value, "value", params_.dtype, Shape{num_tokens, num_kv_heads, head_size_v}, 1);
+    check_vector_rows(key, "key", 2);
+    check_vector_rows(value, "value", 2);
+  }
+}
+
+void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
+                                const TensorView& value, const TensorView& kv_cache,
+                                const AttentionMetadata& metadata, const TensorView& output,
+                                const TensorView& output_scale, const TensorView& output_lse) {
+  // ---- every check before anything is launched ----
+  check_forward(scales, query, key, value, kv_cache, metadata, output, output_scale, output_lse);
+  const auto& md = static_cast<const CudaAttentionMetadata&>(metadata);
+  const int num_heads = params_.num_heads;
+  const int num_kv_heads = params_.kv_heads();
+  const int head_size = params_.head_size;
+  const int head_size_v = params_.value_head_size();
+  const int64_t num_tokens = md.num_actual_tokens;
+  const bool cached = uses_kv_cache(params_.attn_type);
+  const bool fp8 = is_fp8(cache_dtype_);
+  float k_scale = 1.f, v_scale = 1.f;
+  const float* k_scale_per_head = nullptr;
+  const float* v_scale_per_head = nullptr;
+  if (fp8 && cached) {
+    k_scale = scales.k_scale;
+    v_scale = scales.v_scale;
+    if (scales.k_scale_per_head.defined()) k_scale_per_head = scales.k_scale_per_head.data_as<const float>();
+    if (scales.v_scale_per_head.defined()) v_scale_per_head = scales.v_scale_per_head.data_as<const float>();
+  }
+
+  AttentionKernelParams p{};
+  KVCacheViews views;
+  if (cached) {
+    views = split_kv_cache(kv_cache, head_size, head_size_v);
     p.key = views.key_cache.data();
     p.value = views.value_cache.data();
     p.k_block_stride = views.key_cache.stride(0);
@@ -206,10 +233,6 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
     p.paged = 1;
     p.num_blocks = views.key_cache.size(0);
   } else {
-    check_tensor(key, "key", params_.dtype, Shape{num_tokens, num_kv_heads, head_size}, 1);
-    check_tensor(value, "value", params_.dtype, Shape{num_tokens, num_kv_heads, head_size_v}, 1);
-    check_vector_rows(key, "key", 2);
-    check_vector_rows(value, "value", 2);
     p.key = key.data();
     p.value = value.data();
     p.k_token_stride = key.stride(0);

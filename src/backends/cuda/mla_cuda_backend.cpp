@@ -148,8 +148,8 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
   }
 
  protected:
-  void forward_decode(const LayerScales& scales, const TensorView& q_latent, const TensorView& kv_cache,
-                      const MLAMetadata& metadata, const TensorView& o_latent, const TensorView& lse) override {
+  void check_decode(const LayerScales& scales, const TensorView& kv_cache, const MLAMetadata& metadata,
+                    const TensorView& lse) const override {
     const auto* m = dynamic_cast<const CudaMlaMetadata*>(&metadata);
     PAGEDATTN_CHECK(m != nullptr, "metadata", kName, " forward_decode: metadata was not built by a ", kName, " builder");
     if (m->num_decodes == 0) return;
@@ -159,8 +159,6 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
     const int h = params_.num_heads;
     PAGEDATTN_CHECK(m->num_heads == h, "metadata", kName, " forward_decode: the plan was built for ", m->num_heads,
                     " heads, the layer has ", h);
-    check_rows(q_latent, "q_latent", b, h, md::kLatent, params_.dtype, 16);
-    check_rows(o_latent, "o_latent", b, h, md::kValue, params_.dtype, 8);
     check_rows(kv_cache, "kv_cache", -1, -1, md::kLatent, cache_dtype_, 16);
     PAGEDATTN_CHECK(kv_cache.size(1) % 16 == 0, "kv_cache", kName, " forward_decode: block_size = ", kv_cache.size(1),
                     " must be a multiple of 16");
@@ -169,6 +167,21 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
                           lse.size(0) == h && lse.size(1) >= b,
                       "lse", kName, " forward_decode: lse ", lse.describe(), ": expected f32 (", h, ", >= ", b, ") on cuda");
     }
+    const float k_scale = is_fp8(cache_dtype_) ? scales.k_scale : 1.f;
+    PAGEDATTN_CHECK(std::isfinite(k_scale) && k_scale > 0.f, "scales.k_scale", kName, " forward_decode: k_scale = ",
+                    k_scale, " must be finite and > 0");
+  }
+
+  void forward_decode(const LayerScales& scales, const TensorView& q_latent, const TensorView& kv_cache,
+                      const MLAMetadata& metadata, const TensorView& o_latent, const TensorView& lse) override {
+    check_decode(scales, kv_cache, metadata, lse);
+    metadata.cache_footprint.check_fits(kv_cache.size(0), kv_cache.size(1), kName, "forward_decode");
+    const auto* m = static_cast<const CudaMlaMetadata*>(&metadata);
+    if (m->num_decodes == 0) return;
+    const int b = m->num_decodes;
+    const int h = params_.num_heads;
+    check_rows(q_latent, "q_latent", b, h, md::kLatent, params_.dtype, 16);
+    check_rows(o_latent, "o_latent", b, h, md::kValue, params_.dtype, 8);
     const TensorView& bt = m->decode.block_table;
     md::DecodeParams p{};
     p.q = q_latent.data();
@@ -194,10 +207,7 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
     p.partial_out = m->partial_out;
     p.partial_lse = m->partial_lse;
     p.num_requests = b;
-    const bool fp8 = is_fp8(cache_dtype_);
-    const float k_scale = fp8 ? scales.k_scale : 1.f;
-    PAGEDATTN_CHECK(std::isfinite(k_scale) && k_scale > 0.f, "scales.k_scale", kName, " forward_decode: k_scale = ",
-                    k_scale, " must be finite and > 0");
+    const float k_scale = is_fp8(cache_dtype_) ? scales.k_scale : 1.f;
     p.scale_log2 = params_.scale * k_scale * 1.4426950408889634f;
     p.out_scale = k_scale;
     md::launch_decode(p, params_.dtype, cache_dtype_, m->num_parts, m->any_split, current_cuda_stream());

@@ -123,6 +123,10 @@ class MLACommonImpl : public MLAAttentionImpl {
   void forward(const LayerScales& scales, const TensorView& q, const TensorView& kv_c_normed,
                const TensorView& k_pe, const TensorView& kv_cache, const AttentionMetadata& metadata,
                const TensorView& output, const TensorView& output_lse = {}) override;
+  void check_forward(const LayerScales& scales, const TensorView& q, const TensorView& kv_c_normed,
+                     const TensorView& k_pe, const TensorView& kv_cache,
+                     const AttentionMetadata& metadata, const TensorView& output,
+                     const TensorView& output_lse = {}) const override;
   std::string_view prefill_backend_name() const override;
 
  protected:
@@ -137,6 +141,11 @@ class MLACommonImpl : public MLAAttentionImpl {
   virtual void forward_decode(const LayerScales& scales, const TensorView& q_latent,
                               const TensorView& kv_cache, const MLAMetadata& metadata,
                               const TensorView& o_latent, const TensorView& lse) = 0;
+  // The backend's own checks of the caller's arguments forward_decode reads (the cache's layout
+  // and alignment, the plan's type, lse): run by check_forward before the cache is written, and
+  // by forward_decode itself. q_latent / o_latent are the workspace's and need none.
+  virtual void check_decode(const LayerScales& scales, const TensorView& kv_cache,
+                            const MLAMetadata& metadata, const TensorView& lse) const = 0;
 
   Tensor w_uk_;  // (H, P, L): q_latent[t, h, :L] = q[t, h, :P] · w_uk_[h]
   Tensor w_uv_;  // (H, L, V): out[t, h] = o_latent[t, h] · w_uv_[h]

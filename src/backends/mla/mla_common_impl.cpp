@@ -119,14 +119,18 @@ void MLACommonImpl::do_kv_cache_update(const LayerScales& scales, const TensorVi
   PAGEDATTN_CHECK(md != nullptr, "metadata", kWho,
                   " do_kv_cache_update: metadata is not an MLAMetadata (build it with the MLA "
                   "backend's builder)");
+  check_defined(kv_cache, "kv_cache");
+  check_ndim(kv_cache, "kv_cache", 3);
+  md->cache_footprint.check_fits(kv_cache.size(0), kv_cache.size(1), kWho, "do_kv_cache_update");
   concat_and_cache_mla(kv_c_normed, k_pe, kv_cache, md->slot_mapping, params_.kv_cache_dtype,
                        scales.k_scale);
 }
 
-void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
-                            const TensorView& kv_c_normed, const TensorView& k_pe_in,
-                            const TensorView& kv_cache, const AttentionMetadata& metadata,
-                            const TensorView& output_in, const TensorView& output_lse) {
+void MLACommonImpl::check_forward(const LayerScales& scales, const TensorView& q,
+                                  const TensorView& kv_c_normed, const TensorView& k_pe_in,
+                                  const TensorView& kv_cache, const AttentionMetadata& metadata,
+                                  const TensorView& output_in,
+                                  const TensorView& output_lse) const {
   // ---- checks (messages are built only on failure) ----
   const auto* mdp = dynamic_cast<const MLAMetadata*>(&metadata);
   PAGEDATTN_CHECK(mdp != nullptr, "metadata", kWho,
@@ -148,7 +152,7 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
   PAGEDATTN_CHECK(w_uk_.defined(), "kv_b_proj_weight", kWho,
                   " forward: process_weights_after_loading was not called");
   const int64_t T = md.num_actual_tokens;
-  const int64_t Td = md.num_decode_tokens, Tp = md.num_prefill_tokens;
+  const int64_t Td = md.num_decode_tokens;
   const DType act[] = {dt};
   check_defined(q, "q");
   check_dtype(q, "q", act);
@@ -205,6 +209,33 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
     PAGEDATTN_CHECK(std::isfinite(scales.k_scale) && scales.k_scale > 0.f, "scales.k_scale", kWho,
                     " forward: k_scale = ", scales.k_scale,
                     " must be a positive finite number for an fp8 cache");
+  }
+  // Every block a request reads (and every slot written) lies in this cache: O(1), from build().
+  md.cache_footprint.check_fits(kv_cache.size(0), kv_cache.size(1), kWho, "forward");
+  if (Td > 0) {
+    check_decode(scales, kv_cache, md,
+                 output_lse.defined() ? output_lse.narrow(1, 0, Td) : TensorView{});
+  }
+}
+
+void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
+                            const TensorView& kv_c_normed, const TensorView& k_pe_in,
+                            const TensorView& kv_cache, const AttentionMetadata& metadata,
+                            const TensorView& output_in, const TensorView& output_lse) {
+  check_forward(scales, q, kv_c_normed, k_pe_in, kv_cache, metadata, output_in, output_lse);
+  const MLAMetadata& md = static_cast<const MLAMetadata&>(metadata);
+  const MLADimensions& d = params_.dims;
+  const int64_t H = params_.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim,
+                P = d.qk_nope_head_dim, V = d.v_head_dim;
+  const DType dt = params_.dtype;
+  const Device dev = params_.device;
+  const int64_t Td = md.num_decode_tokens, Tp = md.num_prefill_tokens;
+  TensorView k_pe = k_pe_in;
+  if (k_pe.ndim() == 3 && k_pe.size(1) == 1) k_pe = k_pe.select(1, 0);
+  TensorView out = output_in;
+  if (out.ndim() == 2 && out.size(1) == H * V && out.stride(1) == 1) {
+    out = TensorView(out.data(), dt, Shape{out.size(0), H, V}, Shape{out.stride(0), V, 1}, dev,
+                     output_in.device_index());
   }
   MLAWorkspace& ws = *md.workspace;
 

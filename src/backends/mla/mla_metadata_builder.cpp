@@ -226,6 +226,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   md->use_cascade = false;
   md->common_prefix_len = 0;
   md->slot_mapping = common.slot_mapping.narrow(0, 0, common.num_actual_tokens);
+  md->cache_footprint = kv_cache_footprint(common, spec_.block_size);
   md->num_decodes = num_decodes;
   md->num_decode_tokens = qsl[num_decodes];
   md->num_prefills = num_prefills;

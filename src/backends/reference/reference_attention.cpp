@@ -234,7 +234,7 @@ const ReferenceAttentionMetadata& ReferenceAttentionImpl::checked_metadata(
 void ReferenceAttentionImpl::check_kv_cache(const TensorView& kv_cache,
                                             const ReferenceAttentionMetadata& md,
                                             std::string_view entry) const {
-  host::check_standard_kv_cache(params_, cache_dtype_, kv_cache, md.block_size, "REFERENCE", entry);
+  host::check_standard_kv_cache(params_, cache_dtype_, kv_cache, md, "REFERENCE", entry);
 }
 
 void ReferenceAttentionImpl::check_scales(const LayerScales& scales, std::string_view entry) const {
@@ -257,11 +257,12 @@ void ReferenceAttentionImpl::do_kv_cache_update(const LayerScales& scales, const
 
 // ---- attention --------------------------------------------------------------------------------
 
-void ReferenceAttentionImpl::forward(const LayerScales& scales, const TensorView& query,
-                                     const TensorView& key, const TensorView& value,
-                                     const TensorView& kv_cache, const AttentionMetadata& metadata,
-                                     const TensorView& output, const TensorView& output_scale,
-                                     const TensorView& output_lse) {
+void ReferenceAttentionImpl::check_forward(const LayerScales& scales, const TensorView& query,
+                                           const TensorView& key, const TensorView& value,
+                                           const TensorView& kv_cache,
+                                           const AttentionMetadata& metadata,
+                                           const TensorView& output, const TensorView& output_scale,
+                                           const TensorView& output_lse) const {
   const char* entry = "forward";
   const ReferenceAttentionMetadata& md = checked_metadata(metadata, entry);
   const int num_heads = params_.num_heads;
@@ -269,10 +270,8 @@ void ReferenceAttentionImpl::forward(const LayerScales& scales, const TensorView
   const int head_size = params_.head_size;
   const int head_size_v = params_.value_head_size();
   const int64_t num_tokens = md.num_actual_tokens;
-  const AttentionType type = params_.attn_type;
-  const bool cached = uses_kv_cache(type);
+  const bool cached = uses_kv_cache(params_.attn_type);
 
-  // -- every check before anything is read or written --
   const DType activation[] = {params_.dtype};
   check_defined(query, "query");
   check_device(query, "query", Device::cpu);
@@ -293,13 +292,12 @@ void ReferenceAttentionImpl::forward(const LayerScales& scales, const TensorView
       output.size(0) >= num_tokens && output.size(1) == num_heads && output.size(2) == head_size_v,
       "output", "REFERENCE forward: output has shape ", output.shape().str(),
       ": expected (>= ", num_tokens, ", ", num_heads, ", ", head_size_v, ")");
-  double output_divisor = 1.0;
   if (output_scale.defined()) {
     const DType f32[] = {DType::f32};
     check_device(output_scale, "output_scale", Device::cpu);
     check_dtype(output_scale, "output_scale", f32);
     check_shape(output_scale, "output_scale", Shape{1});
-    output_divisor = load_f64(output_scale.data(), DType::f32, 0);
+    const double output_divisor = load_f64(output_scale.data(), DType::f32, 0);
     PAGEDATTN_CHECK(std::isfinite(output_divisor) && output_divisor > 0.0, "output_scale",
                     "REFERENCE forward: output_scale[0] = ", output_divisor,
                     " must be a positive finite number");
@@ -314,20 +312,8 @@ void ReferenceAttentionImpl::forward(const LayerScales& scales, const TensorView
                     output_lse.shape().str(), ": expected (", num_heads, ", >= ", num_tokens, ")");
   }
   check_scales(scales, entry);
-  KVCacheViews views;
   if (cached) {
-    check_kv_cache(kv_cache, md, entry);
-    const int64_t num_blocks = kv_cache.size(1);
-    for (int r = 0; r < md.num_reqs; ++r) {
-      const int64_t used = cdiv(md.seq_lens[r], md.block_size);
-      for (int64_t b = 0; b < used; ++b) {
-        const int32_t block = md.block_row(r)[b];
-        PAGEDATTN_CHECK(block >= 0 && block < num_blocks, "metadata",
-                        "REFERENCE forward: block_table[", r, "][", b, "] = ", block,
-                        " is out of range: expected a block in [0, ", num_blocks, ") of kv_cache");
-      }
-    }
-    views = split_kv_cache(kv_cache, head_size, head_size_v);
+    check_kv_cache(kv_cache, md, entry);  // block ids and slots included (O(1))
   } else {
     for (const auto& [t, arg, dim] :
          {std::tuple{&key, "key", head_size}, std::tuple{&value, "value", head_size_v}}) {
@@ -343,6 +329,26 @@ void ReferenceAttentionImpl::forward(const LayerScales& scales, const TensorView
   PAGEDATTN_CHECK(md.query_start_loc.back() == num_tokens, "metadata",
                   "REFERENCE forward: metadata query_start_loc ends at ", md.query_start_loc.back(),
                   " but num_actual_tokens = ", num_tokens);
+}
+
+void ReferenceAttentionImpl::forward(const LayerScales& scales, const TensorView& query,
+                                     const TensorView& key, const TensorView& value,
+                                     const TensorView& kv_cache, const AttentionMetadata& metadata,
+                                     const TensorView& output, const TensorView& output_scale,
+                                     const TensorView& output_lse) {
+  // -- every check before anything is read or written --
+  check_forward(scales, query, key, value, kv_cache, metadata, output, output_scale, output_lse);
+  const auto& md = static_cast<const ReferenceAttentionMetadata&>(metadata);
+  const int num_heads = params_.num_heads;
+  const int num_kv_heads = params_.kv_heads();
+  const int head_size = params_.head_size;
+  const int head_size_v = params_.value_head_size();
+  const int64_t num_tokens = md.num_actual_tokens;
+  const AttentionType type = params_.attn_type;
+  const bool cached = uses_kv_cache(type);
+  const double output_divisor =
+      output_scale.defined() ? load_f64(output_scale.data(), DType::f32, 0) : 1.0;
+  const KVCacheViews views = cached ? split_kv_cache(kv_cache, head_size, head_size_v) : KVCacheViews{};
 
   // -- compute: one independent row per (token, query head) --
   const int queries_per_kv = num_heads / num_kv_heads;

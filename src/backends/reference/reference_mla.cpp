@@ -72,18 +72,18 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
                           const TensorView& k_pe, const TensorView& kv_cache,
                           const AttentionMetadata& metadata) override {
     const MLAMetadata& md = checked_metadata(metadata, "do_kv_cache_update");
-    check_cache(kv_cache, "do_kv_cache_update");
+    check_cache(kv_cache, md, "do_kv_cache_update");
     check_scale(scales, "do_kv_cache_update");
     concat_and_cache_mla(kv_c_normed, k_pe, kv_cache, md.slot_mapping, params_.kv_cache_dtype,
                          scales.k_scale);
   }
 
-  void forward(const LayerScales& scales, const TensorView& q, const TensorView& kv_c_normed,
-               const TensorView& k_pe_in, const TensorView& kv_cache,
-               const AttentionMetadata& metadata, const TensorView& output_in,
-               const TensorView& output_lse) override {
+  void check_forward(const LayerScales& scales, const TensorView& q,
+                     const TensorView& kv_c_normed, const TensorView& k_pe_in,
+                     const TensorView& kv_cache, const AttentionMetadata& metadata,
+                     const TensorView& output_in, const TensorView& output_lse) const override {
     const MLAMetadata& md = checked_metadata(metadata, "forward");
-    check_cache(kv_cache, "forward");
+    check_cache(kv_cache, md, "forward");
     check_scale(scales, "forward");
     const MLADimensions& d = params_.dims;
     const int64_t H = params_.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim,
@@ -133,6 +133,24 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
       PAGEDATTN_CHECK(output_lse.ndim() == 2 && output_lse.size(0) == H && output_lse.size(1) >= T,
                       "output_lse", kWho, " forward: output_lse is ", output_lse.describe(),
                       ", expected (", H, ", >= ", T, ")");
+    }
+  }
+
+  void forward(const LayerScales& scales, const TensorView& q, const TensorView& kv_c_normed,
+               const TensorView& k_pe_in, const TensorView& kv_cache,
+               const AttentionMetadata& metadata, const TensorView& output_in,
+               const TensorView& output_lse) override {
+    check_forward(scales, q, kv_c_normed, k_pe_in, kv_cache, metadata, output_in, output_lse);
+    const auto& md = static_cast<const MLAMetadata&>(metadata);
+    const MLADimensions& d = params_.dims;
+    const int64_t H = params_.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim,
+                  P = d.qk_nope_head_dim, V = d.v_head_dim;
+    TensorView k_pe = k_pe_in;
+    if (k_pe.ndim() == 3 && k_pe.size(1) == 1) k_pe = k_pe.select(1, 0);
+    TensorView output = output_in;
+    if (output.ndim() == 2 && output.size(1) == H * V && (V <= 1 || output.stride(1) == 1)) {
+      output = TensorView(output.data(), output.dtype(), Shape{output.size(0), H, V},
+                          Shape{output.stride(0), V, 1}, Device::cpu);
     }
 
     // Requests: decodes [0, num_decodes) then prefills, token rows in order.
@@ -269,7 +287,8 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
     return *md;
   }
 
-  void check_cache(const TensorView& kv_cache, const char* entry) const {
+  // The cache's shape, and every block and slot of the plan inside it (O(1): found at build()).
+  void check_cache(const TensorView& kv_cache, const MLAMetadata& md, const char* entry) const {
     const int64_t row = params_.dims.latent_head_size();
     check_defined(kv_cache, "kv_cache");
     check_device(kv_cache, "kv_cache", Device::cpu);
@@ -279,6 +298,7 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
                         kv_cache.size(2) == row,
                     "kv_cache", kWho, " ", entry, ": kv_cache is ", kv_cache.describe(),
                     ", expected (num_blocks, ", params_.block_size, ", ", row, ")");
+    md.cache_footprint.check_fits(kv_cache.size(0), kv_cache.size(1), kWho, entry);
   }
 
   void check_scale(const LayerScales& s, const char* entry) const {
