@@ -7,7 +7,6 @@
 #include <ostream>
 #include <random>
 #include <span>
-#include <unordered_map>
 
 #include "cli_common.h"
 #include "pagedattn/pagedattn.h"
@@ -81,13 +80,12 @@ struct GroupState {
   const AttentionBackend* backend = nullptr;
   KVCacheSpec spec;
   BuilderConfig config;
-  int chunk = 0;  // > 0: chunked local attention, run on virtual batches
   std::unique_ptr<AttentionMetadataBuilder> builder;
   std::vector<int> layers;
   LayerShape shape;
 };
 
-// The step's arrays on the host (for the metadata, the virtual batches and the accounting).
+// The step's arrays on the host (for the metadata and the accounting).
 struct HostBatch {
   std::vector<int32_t> query_start_loc, seq_lens, query_lens, block_table;
   std::vector<int64_t> slot_mapping;
@@ -230,12 +228,6 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState
     spec = layer.kv_cache_spec();
   }
   config.num_sms = device == Device::cuda ? num_sms : threads;
-  int chunk = shape.kind == LayerKind::chunked_local ? shape.attention_chunk_size : 0;
-  if (chunk > 0) {
-    // Virtual batches: at most one per request plus one per chunk of the step's tokens more.
-    config.max_num_seqs = 2 * options.max_num_seqs + cdiv(options.max_num_batched_tokens, chunk);
-    config.max_model_len = chunk;
-  }
   for (size_t g = 0; g < list.size(); ++g) {
     if (list[g].backend == &backend && list[g].spec == spec && same_builder_config(list[g].config, config)) {
       return static_cast<int>(g);
@@ -245,7 +237,6 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState
   group.backend = &backend;
   group.spec = spec;
   group.config = config;
-  group.chunk = chunk;
   group.shape = shape;
   group.builder = backend.make_builder(spec, config, device);
   list.push_back(std::move(group));
@@ -547,62 +538,29 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
         make_common_attention_metadata(args, Device::cpu, num_blocks, bs));
   }
 
-  // Chunked-local layers: virtual batches per chunk size (vLLM's ChunkedLocalAttention builder).
-  struct Local {
-    OwnedCommonAttentionMetadata device, host;
-    bool has_host = false;
-  };
-  std::unordered_map<int, Local> locals;
-  auto local_for = [&](int chunk) -> Local& {
-    auto it = locals.find(chunk);
-    if (it != locals.end()) return it->second;
-    LocalAttentionVirtualBatches v = make_local_attention_virtual_batches(
-        chunk, hb.query_start_loc, hb.seq_lens, hb.block_table, hb.cols, bs);
-    CommonAttentionMetadataArgs la;
-    la.query_start_loc = v.cu_seqlens_q_local;
-    la.seq_lens = v.seqlens_k_local;
-    la.block_table = v.block_table_local;
-    la.max_num_blocks_per_req = v.pages_per_local_batch;
-    la.slot_mapping = hb.slot_mapping;
-    Local local{make_common_attention_metadata(la, o.device, num_blocks, bs), {}, false};
-    if (check && o.device != Device::cpu) {
-      local.host = make_common_attention_metadata(la, Device::cpu, num_blocks, bs);
-      local.has_host = true;
-    }
-    return locals.emplace(chunk, std::move(local)).first->second;
-  };
-
-  // Plan: one build per group. The cascade prefix is offered when the builder's heuristic wants it
-  // (never to the check's REFERENCE plans, so that a cascade run is compared with a plain one).
+  // Plan: one build per group; chunked-local groups' builders plan their virtual batches
+  // themselves (the layer's own path). The cascade prefix is offered when the builder's heuristic
+  // wants it (never to the check's REFERENCE plans, so that a cascade run is compared with a
+  // plain one; never with local attention).
   auto plan = [&](std::vector<GroupState>& list, bool reference) {
-    const bool host = reference;
+    const CommonAttentionMetadata& cm = reference && common_host ? common_host->common : common.common;
     std::vector<std::shared_ptr<const AttentionMetadata>> metadata;
     for (GroupState& g : list) {
-      const CommonAttentionMetadata* cm;
-      if (g.chunk > 0) {
-        Local& l = local_for(g.chunk);
-        cm = host && l.has_host ? &l.host.common : &l.device.common;
-      } else {
-        cm = host && common_host ? &common_host->common : &common.common;
-      }
       int prefix = 0;
-      if (g.chunk == 0 && !reference) {
-        int candidate = common_prefix_len(*cm, bs);
+      if (!reference) {
+        int candidate = common_prefix_len(cm, bs);
+        const bool local = g.spec.kind == KVCacheSpecKind::chunked_local_attention;
         if (candidate > 0 &&
             g.builder->use_cascade_attention(candidate, hb.query_lens, g.config.num_heads, g.config.num_kv_heads,
-                                             g.config.use_alibi, g.config.sliding_window.has_value(), false,
+                                             g.config.use_alibi, g.config.sliding_window.has_value(), local,
                                              g.config.num_sms)) {
           prefix = candidate;
         }
       }
-      metadata.push_back(g.builder->build(prefix, *cm, false));
+      metadata.push_back(g.builder->build(prefix, cm, false));
     }
     return metadata;
   };
-  // Host preparation (like the common metadata above) stays outside the timed plan.
-  for (const GroupState& g : groups) {
-    if (g.chunk > 0) local_for(g.chunk);
-  }
   auto t_plan = Clock::now();
   std::vector<std::shared_ptr<const AttentionMetadata>> metadata = plan(groups, false);
   if (o.device == Device::cuda) synchronize_cuda();
@@ -730,7 +688,8 @@ RunReport Simulation::run(std::ostream* progress) {
   report.check_enabled = s.check;
   for (const GroupState& g : s.groups) {
     report.groups.push_back(GroupReport{std::string(g.backend->name()), spec_summary(g.spec),
-                                        static_cast<int>(g.layers.size()), g.chunk > 0});
+                                        static_cast<int>(g.layers.size()),
+                                        g.spec.kind == KVCacheSpecKind::chunked_local_attention});
   }
   if (o.measure_peaks) {
     try {
