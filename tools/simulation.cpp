@@ -9,7 +9,9 @@
 #include <span>
 
 #include "cli_common.h"
+#include "option_limits.h"
 #include "pagedattn/pagedattn.h"
+#include "run_checks.h"
 #include "work_model.h"
 
 namespace pagedattn::cli {
@@ -247,42 +249,14 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.options = std::move(options);
   RunOptions& o = s.options;
+  // Every option against its limit before anything is allocated or set (run_checks.h).
+  validate_run_options(o);
   s.preset = &find_preset(o.preset);
   s.threads = apply_thread_count(o.threads);
   s.num_sms = o.device == Device::cuda ? gpu_sm_count(0) : s.threads;
   s.rng.seed(o.seed);
 
-  if (o.num_layers < 0) throw UsageError("--layers: " + std::to_string(o.num_layers) + " must be >= 1");
-  if (o.block_size < 1) throw UsageError("--block-size: " + std::to_string(o.block_size) + " must be >= 1");
-  if (o.dtype != DType::f32 && o.dtype != DType::f16 && o.dtype != DType::bf16) {
-    throw UsageError("--dtype: " + std::string(dtype_name(o.dtype)) + " is not an activation dtype: expected float32, float16 or bfloat16");
-  }
-  try {
-    validate_kv_cache_dtype(o.kv_cache_dtype);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--kv-cache-dtype: ") + e.what());
-  }
-  if (!o.backend.empty() && find_backend(o.backend) == nullptr) {
-    std::vector<std::string> names;
-    for (const AttentionBackend* b : registered_backends()) names.emplace_back(b->name());
-    throw UsageError("--backend: unknown backend '" + o.backend + "': expected one of " + join(names, ", "));
-  }
-  if (o.device == Device::cuda && cuda_device_count() == 0) {
-    throw UsageError(std::string("--device cuda: ") +
-                     (built_with_cuda() ? "no CUDA device is visible" : "this pagedattn was built without CUDA"));
-  }
-  if (o.check_interval < 1) throw UsageError("--check-interval: " + std::to_string(o.check_interval) + " must be >= 1");
-  if (o.max_steps < 0) throw UsageError("--max-steps: " + std::to_string(o.max_steps) + " must be >= 0");
-  if (!(o.kv_cache_gib > 0)) throw UsageError("--kv-cache-gib: must be > 0");
-  if (o.max_num_batched_tokens < 1) {
-    throw UsageError("--max-num-batched-tokens: " + std::to_string(o.max_num_batched_tokens) + " must be >= 1");
-  }
-  if (o.max_model_len < 0) throw UsageError("--max-model-len: " + std::to_string(o.max_model_len) + " must be >= 1");
-
   std::vector<LayerShape> shapes = s.preset->layers(o.num_layers);
-  if (o.tensor_parallel_size < 1) {
-    throw UsageError("--tensor-parallel-size: " + std::to_string(o.tensor_parallel_size) + " must be >= 1");
-  }
   for (LayerShape& shape : shapes) {
     const int tp = o.tensor_parallel_size;
     if (shape.num_heads % tp != 0) {
@@ -373,6 +347,23 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     s.layers.push_back(std::move(ls));
   }
 
+  // Activations: the largest q/k/v row and output row of any layer (elements per token).
+  int64_t per_token = 0, out_per_token = 0;
+  for (const LayerState& l : s.layers) {
+    const LayerShape& sh = l.shape;
+    if (l.mla) {  // q (T, H, P + R), kv_c (T, L), k_pe (T, R); output (T, H, V)
+      per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * (sh.qk_nope_head_dim + sh.qk_rope_head_dim),
+                                     int64_t{sh.kv_lora_rank}});
+      out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.v_head_dim);
+      continue;
+    }
+    per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * sh.head_size,
+                                   int64_t{sh.num_kv_heads} * std::max(sh.head_size, sh.value_head_size())});
+    out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.value_head_size());
+  }
+  const int64_t max_tokens = o.max_num_batched_tokens;
+  s.pool_slack = 1 << 16;
+
   // ---- workload and scheduler ----------------------------------------------------------------------
   std::vector<RequestSpec> requests = generate_workload(o.workload);
   SchedulerConfig sc;
@@ -390,12 +381,23 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     int64_t all_at_once = 1;
     for (const RequestSpec& r : requests) all_at_once += cdiv(int64_t{r.prompt_len} + r.output_len - 1, o.block_size);
     int64_t fits = static_cast<int64_t>(o.kv_cache_gib * double(int64_t{1} << 30) / double(page_bytes));
-    sc.num_blocks = static_cast<int>(std::clamp<int64_t>(std::min(all_at_once, fits), 0, int64_t{1} << 30));
+    sc.num_blocks = static_cast<int>(std::clamp<int64_t>(std::min(all_at_once, fits), 0, kMaxNumBlocks));
     if (sc.num_blocks < 1) {
       throw UsageError("--kv-cache-gib: " + format_sig(o.kv_cache_gib) + " GiB holds no block of " +
                        std::to_string(page_bytes) + " bytes (all layers)");
     }
   }
+  s.check = o.check.value_or(s.preset->name == "tiny");
+  RunMemory memory;
+  memory.num_layers = static_cast<int>(s.layers.size());
+  memory.page_bytes = page_bytes;
+  memory.num_blocks = sc.num_blocks;
+  memory.automatic_num_blocks = o.num_blocks == 0;
+  memory.check = s.check;
+  // The pool (host, and its device copy), the output and --check's reference output.
+  memory.activation_bytes = static_cast<int64_t>(dtype_size(o.dtype)) *
+                            (max_tokens * per_token + s.pool_slack + 2 * max_tokens * out_per_token);
+  check_run_memory(o, memory);
   try {
     s.scheduler = std::make_unique<Scheduler>(sc, std::move(requests));
   } catch (const UsageError& e) {
@@ -407,7 +409,6 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   }
 
   // ---- caches and builders --------------------------------------------------------------------------
-  s.check = o.check.value_or(s.preset->name == "tiny");
   s.tolerance = check_tolerance(o.dtype, o.kv_cache_dtype);
   for (size_t i = 0; i < s.layers.size(); ++i) {
     LayerState& l = s.layers[i];
@@ -463,21 +464,6 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   s.scheduler->set_decode_threshold(decode_threshold);
 
   // ---- activations ------------------------------------------------------------------------------------
-  int64_t per_token = 0, out_per_token = 0;
-  for (const LayerState& l : s.layers) {
-    const LayerShape& sh = l.shape;
-    if (l.mla) {  // q (T, H, P + R), kv_c (T, L), k_pe (T, R); output (T, H, V)
-      per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * (sh.qk_nope_head_dim + sh.qk_rope_head_dim),
-                                     int64_t{sh.kv_lora_rank}});
-      out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.v_head_dim);
-      continue;
-    }
-    per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * sh.head_size,
-                                   int64_t{sh.num_kv_heads} * std::max(sh.head_size, sh.value_head_size())});
-    out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.value_head_size());
-  }
-  const int64_t max_tokens = o.max_num_batched_tokens;
-  s.pool_slack = 1 << 16;
   s.pool_host = Tensor(Shape{max_tokens * per_token + s.pool_slack}, o.dtype, Device::cpu);
   fill_normal(s.pool_host, o.seed ^ 0xACCE55u);
   if (o.device != Device::cpu) s.pool_device = s.pool_host.to(o.device);
