@@ -318,6 +318,32 @@ TEST(LocalAttentionBuilder, APlanOutlivesTheCallersMetadataAndIgnoresACascadePre
   }
 }
 
+TEST(LocalAttentionBuilder, AnEmptyBatchAndPaddingRequestsPlanNothing) {
+  for (const char* backend : {"REFERENCE", "CPU"}) {
+    SCOPED_TRACE(backend);
+    Attention layer(local_params(backend, 32, 16));
+    auto builder = layer.backend().make_builder(layer.kv_cache_spec(),
+                                                layer.builder_config(4, 64, 128), Device::cpu);
+    CommonAttentionMetadataArgs empty;
+    empty.query_start_loc = {0};
+    empty.max_num_blocks_per_req = 2;
+    const auto none = make_common_attention_metadata(empty, Device::cpu);
+    std::shared_ptr<const AttentionMetadata> md = builder->build(0, none.common);
+    EXPECT_EQ(md->num_reqs, 0);
+    EXPECT_EQ(md->num_actual_tokens, 0);
+    // A request with cached tokens and no new ones: one virtual request with no query.
+    CommonAttentionMetadataArgs idle;
+    idle.query_start_loc = {0, 0};
+    idle.seq_lens = {40};
+    idle.block_table = {3, 1, 2};
+    idle.max_num_blocks_per_req = 3;
+    const auto padded = make_common_attention_metadata(idle, Device::cpu);
+    md = builder->build(0, padded.common);
+    EXPECT_EQ(md->num_reqs, 1);
+    EXPECT_EQ(md->num_actual_tokens, 0);
+  }
+}
+
 // ---- errors -----------------------------------------------------------------------------------
 
 void expect_error(const std::function<void()>& fn, const std::string& argument,
