@@ -13,6 +13,7 @@
 // (CPU model, thread count) and per GPU (index, name).
 #pragma once
 
+#include <cstdint>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -59,6 +60,8 @@ std::optional<GpuCalibration> measure_gpu(int device_index, std::string* why = n
 
 // Streaming multiprocessors of a CUDA device (0 without CUDA or without that device).
 int gpu_sm_count(int device_index);
+// Bytes of memory of a CUDA device (0 without CUDA or without that device).
+int64_t gpu_memory_bytes(int device_index);
 
 std::string calibration_path();
 

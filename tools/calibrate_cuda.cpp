@@ -49,6 +49,15 @@ int gpu_sm_count(int device_index) {
   return count;
 }
 
+int64_t gpu_memory_bytes(int device_index) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device_index) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
 std::optional<GpuCalibration> measure_gpu(int device_index, std::string* why) {
   auto fail = [&](const std::string& what) -> std::optional<GpuCalibration> {
     if (why) *why = what;

@@ -10,4 +10,6 @@ std::optional<GpuCalibration> measure_gpu(int /*device_index*/, std::string* why
 
 int gpu_sm_count(int /*device_index*/) { return 0; }
 
+int64_t gpu_memory_bytes(int /*device_index*/) { return 0; }
+
 }  // namespace pagedattn::cli

@@ -7,6 +7,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "option_limits.h"
 #include "option_parsing.h"
 #include "pagedattn/pagedattn.h"
 #include "presets.h"
@@ -128,29 +129,32 @@ Command add_backends_command(CLI::App& parent) {
       "(the flags below) or for every layer kind of --preset, whether each backend can run it and, if "
       "not, why (the backends' own validate_configuration reasons, as the selector sees them). Exit 3 "
       "when no backend can run the configuration.");
-  app->add_option("--head-size", f->head_size, "head size")->capture_default_str();
-  app->add_option("--head-size-v", f->head_size_v, "value head size (0 = head size)");
+  app->add_option("--head-size", f->head_size, "head size")->capture_default_str()->check(integer_option(1, kMaxHeadSize));
+  app->add_option("--head-size-v", f->head_size_v, "value head size (0 = head size)")
+      ->check(integer_option(0, kMaxHeadSize));
   app->add_option("--dtype", f->dtype, "activation dtype")->capture_default_str();
   app->add_option("--kv-cache-dtype", f->kv_cache_dtype, "KV-cache dtype string")->capture_default_str();
-  app->add_option("--block-size", f->block_size, "KV-cache block size")->capture_default_str();
+  app->add_option("--block-size", f->block_size, "KV-cache block size")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxBlockSize));
   app->add_option("--attn-type", f->attn_type, "decoder, encoder, encoder_only, encoder_decoder")->capture_default_str();
   app->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
   app->add_flag("--mla", f->mla, "multi-head latent attention");
   app->add_flag("--sinks", f->sinks, "attention sinks");
   app->add_flag("--alibi", f->alibi, "ALiBi slopes");
   app->add_flag("--sparse", f->sparse, "sparse attention");
-  app->add_option("--window", f->window, "sliding window of N tokens");
-  app->add_option("--soft-cap", f->soft_cap, "logits soft-cap value");
+  app->add_option("--window", f->window, "sliding window of N tokens")->check(integer_option(1, kMaxTokens));
+  app->add_option("--soft-cap", f->soft_cap, "logits soft-cap value")->check(number_option(0, kMaxSoftCap, true));
   app->add_flag("--fp8-output", f->fp8_output, "fused fp8 output quantization");
   app->add_option("--preset", f->preset, "explain every layer kind of this model preset instead");
 
   CommandAction action = [f, app](Streams& io) -> int {
     SelectorConfig c;
-    if (f->head_size < 1) throw UsageError("--head-size: " + std::to_string(f->head_size) + " must be >= 1");
-    if (f->head_size_v < 0) throw UsageError("--head-size-v: " + std::to_string(f->head_size_v) + " must be >= 0");
-    if (f->block_size < 1) throw UsageError("--block-size: " + std::to_string(f->block_size) + " must be >= 1");
-    if (app->count("--window") > 0 && f->window < 1) throw UsageError("--window: " + std::to_string(f->window) + " must be >= 1");
-    if (app->count("--soft-cap") > 0 && !(f->soft_cap > 0)) throw UsageError("--soft-cap: must be > 0");
+    check_range("--head-size", f->head_size, 1, kMaxHeadSize);
+    check_range("--head-size-v", f->head_size_v, 0, kMaxHeadSize);
+    check_range("--block-size", f->block_size, 1, kMaxBlockSize);
+    if (app->count("--window") > 0) check_range("--window", f->window, 1, kMaxTokens);
+    if (app->count("--soft-cap") > 0) check_range("--soft-cap", f->soft_cap, 0.0, kMaxSoftCap, true);
     c.head_size = f->head_size;
     c.head_size_v = f->head_size_v;
     c.dtype = parse_activation_dtype_flag(f->dtype, "--dtype");

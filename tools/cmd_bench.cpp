@@ -19,6 +19,7 @@
 #include "calibrate.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "option_limits.h"
 #include "option_parsing.h"
 #include "pagedattn/pagedattn.h"
 #include "presets.h"
@@ -47,7 +48,7 @@ struct BenchFlags {
   std::string grid = "quick";
   double min_seconds = 0.2;
   std::string out = "bench-out";
-  int64_t seed = 0;
+  uint64_t seed = 0;
 };
 
 struct Request {
@@ -255,25 +256,30 @@ Command add_bench_command(CLI::App& parent) {
       "python3 has matplotlib. REFERENCE (the fp64 oracle) is left out unless named or "
       "--include-reference.");
   app->add_option("--preset", f->preset, "model preset whose layer shape is benchmarked")->capture_default_str();
-  app->add_option("--layer", f->layer, "which layer of the preset (its pattern index)")->capture_default_str();
+  app->add_option("--layer", f->layer, "which layer of the preset (its pattern index)")
+      ->capture_default_str()
+      ->check(integer_option(0, kMaxInt));
   app->add_option("--backend", f->backends, "backend(s) to run (default: every usable one but REFERENCE)")->delimiter(',');
   app->add_flag("--include-reference", f->include_reference, "also benchmark REFERENCE");
   app->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
   app->add_option("--dtype", f->dtype, "activation dtype")->capture_default_str();
   app->add_option("--kv-cache-dtype", f->kv_cache_dtype, "KV-cache dtype string")->capture_default_str();
-  app->add_option("--block-size", f->block_size, "KV-cache block size")->capture_default_str();
-  app->add_option("--threads", f->threads, "CPU threads (default: OpenMP's)");
+  app->add_option("--block-size", f->block_size, "KV-cache block size")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxBlockSize));
+  app->add_option("--threads", f->threads, "CPU threads (0 = OpenMP's default)")->check(integer_option(0, kMaxThreads));
   app->add_option("--grid", f->grid, "quick (seconds) or full (decode to 64 x 16k, prefill to 4 x 8k)")->capture_default_str();
-  app->add_option("--min-seconds", f->min_seconds, "time spent per point (after the warm-up)")->capture_default_str();
-  app->add_option("--out", f->out, "output folder")->capture_default_str();
-  app->add_option("--seed", f->seed, "seed of the inputs")->capture_default_str();
+  app->add_option("--min-seconds", f->min_seconds, "time spent per point (after the warm-up)")
+      ->capture_default_str()
+      ->check(number_option(0, kMaxMinSeconds));
+  app->add_option("--out", f->out, "output folder (created; checked before the grid runs)")->capture_default_str();
+  app->add_option("--seed", f->seed, "seed of the inputs")->capture_default_str()->check(seed_option());
 
   CommandAction action = [f](Streams& io) -> int {
     if (f->grid != "quick" && f->grid != "full") throw UsageError("--grid: '" + f->grid + "' is not a grid: expected quick or full");
-    if (f->block_size < 1) throw UsageError("--block-size: " + std::to_string(f->block_size) + " must be >= 1");
-    if (f->threads < 0) throw UsageError("--threads: " + std::to_string(f->threads) + " must be >= 1");
-    if (!(f->min_seconds >= 0)) throw UsageError("--min-seconds: must be >= 0");
-    if (f->seed < 0) throw UsageError("--seed: " + std::to_string(f->seed) + " must be >= 0");
+    check_range("--block-size", f->block_size, 1, kMaxBlockSize);
+    check_range("--threads", f->threads, 0, kMaxThreads);
+    check_range("--min-seconds", f->min_seconds, 0.0, kMaxMinSeconds);
     const ModelPreset& preset = find_preset(f->preset);
     if (f->layer < 0 || f->layer >= static_cast<int>(preset.pattern.size())) {
       throw UsageError("--layer: " + std::to_string(f->layer) + " is not a layer of " + preset.name +
@@ -327,6 +333,18 @@ Command add_bench_command(CLI::App& parent) {
       }
     }
 
+    // The output folder and files, before the calibration and the grid (minutes) run.
+    check_file_name("--out", f->out, "folder");
+    const std::filesystem::path dir(f->out);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw UsageError("--out: cannot create '" + f->out + "': " + ec.message());
+    for (const char* name : {"cli_bench.json", "cli_bench.md"}) {
+      if (!std::ofstream(dir / name, std::ios::app)) {
+        throw UsageError("--out: cannot write '" + (dir / name).string() + "'");
+      }
+    }
+
     std::optional<MachinePeaks> peaks;
     std::string peaks_why;
     try {
@@ -339,7 +357,7 @@ Command add_bench_command(CLI::App& parent) {
     for (const AttentionBackend* b : backends) {
       for (size_t i = 0; i < grid.size(); ++i) {
         io.err << "pagedattn bench: " << b->name() << " " << grid[i].kind << " " << grid[i].label << "\n";
-        results.push_back(run_point(*b, shape, grid[i], *f, device, dtype, threads, static_cast<uint64_t>(f->seed) + 17 * i));
+        results.push_back(run_point(*b, shape, grid[i], *f, device, dtype, threads, f->seed + 17 * i));
       }
     }
 
@@ -376,10 +394,6 @@ Command add_bench_command(CLI::App& parent) {
     io.out << header << "\n" << peak_line << "\n\n";
     t.print(io.out);
 
-    std::filesystem::path dir(f->out);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) throw UsageError("--out: cannot create '" + f->out + "': " + ec.message());
     nlohmann::json doc = {{"command", "bench"}, {"header", header}, {"preset", preset.name}, {"layer", f->layer},
                           {"device", device_name(device)}, {"threads", threads}, {"dtype", dtype_name(dtype)},
                           {"kv_cache_dtype", f->kv_cache_dtype}, {"block_size", f->block_size}, {"grid", f->grid},

@@ -6,6 +6,7 @@
 #include "calibrate.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "option_limits.h"
 #include "option_parsing.h"
 #include "pagedattn/device.h"
 
@@ -28,11 +29,11 @@ Command add_calibrate_command(CLI::App& parent) {
       "bandwidth, fp32 FMA throughput (AVX-512 / AVX2 / portable), AMX bf16 throughput when the CPU "
       "has AMX. GPU (CUDA builds with a device): device-to-device copy and a cuBLAS bf16 GEMM.");
   app->add_option("--device", f->device, "cpu, cuda or all")->capture_default_str();
-  app->add_option("--threads", f->threads, "CPU threads (default: OpenMP's)");
+  app->add_option("--threads", f->threads, "CPU threads (0 = OpenMP's default)")->check(integer_option(0, kMaxThreads));
   app->add_flag("--show", f->show, "print the cached values (measuring only what is missing)");
   CommandAction action = [f](Streams& io) -> int {
     if (f->device != "all") parse_device_flag(f->device, "--device");
-    if (f->threads < 0) throw UsageError("--threads: " + std::to_string(f->threads) + " must be >= 1");
+    check_range("--threads", f->threads, 0, kMaxThreads);
     int threads = apply_thread_count(f->threads);
     std::ostream& os = io.out;
     os << "calibration cache: " << calibration_path() << "\n\n";

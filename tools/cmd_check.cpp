@@ -12,6 +12,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "conformance/harness.h"
+#include "option_limits.h"
 #include "option_parsing.h"
 #include "pagedattn/pagedattn.h"
 
@@ -23,7 +24,7 @@ struct CheckFlags {
   bool full = false;
   std::string backend;
   std::string device;
-  int64_t seed = 1;
+  uint64_t seed = 1;
   bool verbose = false;
   std::string json_path;
 };
@@ -59,11 +60,13 @@ Command add_check_command(CLI::App& parent) {
   app->add_flag("--full", f->full, "the full grid (minutes) instead of the CI grid (seconds)");
   app->add_option("--backend", f->backend, "check only this backend");
   app->add_option("--device", f->device, "cpu or cuda (default: every device the backend supports that is present)");
-  app->add_option("--seed", f->seed, "seed of the first case (case i uses seed + i)")->capture_default_str();
+  app->add_option("--seed", f->seed, "seed of the first case (case i uses seed + i)")
+      ->capture_default_str()
+      ->check(seed_option());
   app->add_flag("--verbose", f->verbose, "print every case, not only failures");
   app->add_option("--json", f->json_path, "write every case's result as JSON to FILE");
 
-  CommandAction action = [f](Streams& io) -> int {
+  CommandAction action = [f, app](Streams& io) -> int {
     using namespace pagedattn::conformance;
     std::vector<const AttentionBackend*> backends;
     if (!f->backend.empty()) {
@@ -89,9 +92,9 @@ Command add_check_command(CLI::App& parent) {
       wanted.push_back(Device::cpu);
       if (cuda_device_count() > 0) wanted.push_back(Device::cuda);
     }
-    if (f->seed < 0) throw UsageError("--seed: " + std::to_string(f->seed) + " must be >= 0");
     std::ofstream json_file;
-    if (!f->json_path.empty()) {
+    if (app->count("--json") > 0) {
+      check_file_name("--json", f->json_path);
       json_file.open(f->json_path);
       if (!json_file) throw UsageError("--json: cannot write '" + f->json_path + "'");
     }
@@ -122,7 +125,7 @@ Command add_check_command(CLI::App& parent) {
             ++s.skip_reasons[reasons.front()];
           } else {
             try {
-              ConformanceResult r = run_case(*b, device, c, static_cast<uint64_t>(f->seed) + i);
+              ConformanceResult r = run_case(*b, device, c, f->seed + i);
               rec.passed = r.passed();
               rec.error = r.output_rel_error;
               rec.tolerance = r.tolerance;

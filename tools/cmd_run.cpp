@@ -6,6 +6,7 @@
 
 #include "cli_common.h"
 #include "commands.h"
+#include "option_limits.h"
 #include "option_parsing.h"
 #include "pagedattn/error.h"
 #include "simulation.h"
@@ -24,7 +25,7 @@ struct RunFlags {
   std::string kv_cache_dtype = "auto";
   int block_size = 16;
   int threads = 0;
-  int64_t seed = 0;
+  uint64_t seed = 0;
   std::string json_path;
   int num_requests = 16;
   std::string prompt_len = "uniform:32:384";
@@ -56,7 +57,8 @@ Command add_run_command(CLI::App& parent) {
       "CommonAttentionMetadata, one plan per KV-cache group (layers with the same backend and "
       "KVCacheSpec), then runs every layer. Sliding-window and chunked-local layers keep every block "
       "of a request (full block tables) and the backend masks what a query cannot see; chunked-local "
-      "layers (llama4) run on virtual batches (make_local_attention_virtual_batches). Preemption frees "
+      "layers (llama4) plan through the library's local-attention builder (virtual batches, as vLLM). "
+      "Preemption frees "
       "a request's blocks and recomputes it. Prints steps, tokens, attention time, tokens/s, KV "
       "bandwidth and FLOP/s as fractions of the peaks `pagedattn calibrate` measured. --check (default "
       "for tiny) re-runs sampled steps on REFERENCE (REFERENCE_MLA for MLA layers), fails beyond the "
@@ -64,47 +66,87 @@ Command add_run_command(CLI::App& parent) {
       "MLAAttention with one random kv_b_proj weight shared by every layer. A model no backend can run fails with the selector's reasons. Exit codes: 0 "
       "ok, 1 check failed, 2 bad arguments, 3 no backend can run the model.");
   app->add_option("--preset", f->preset, "model preset: " + join(preset_names(), ", "))->capture_default_str();
-  app->add_option("--layers", f->layers, "number of layers (default: the preset's); the preset's layer pattern repeats");
+  app->add_option("--layers", f->layers, "number of layers (default: the preset's); the preset's layer pattern repeats")
+      ->check(integer_option(1, kMaxLayers));
   app->add_option("--tensor-parallel-size,--tp", f->tensor_parallel_size,
                   "simulate one rank of tensor parallelism: each layer keeps num_heads / N query heads and "
                   "max(1, num_kv_heads / N) KV heads (the MLA latent cache is replicated, as in vLLM)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxTensorParallel));
   app->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
   app->add_option("--backend", f->backend, "force one backend for every layer (default: the selector's choice per layer)");
   app->add_option("--dtype", f->dtype, "activation dtype: float32, float16, bfloat16")->capture_default_str();
   app->add_option("--kv-cache-dtype", f->kv_cache_dtype,
                   "auto, fp8 (= fp8_e4m3), fp8_e4m3, fp8_e5m2, bfloat16, float16, float32")->capture_default_str();
-  app->add_option("--block-size", f->block_size, "tokens per KV-cache block")->capture_default_str();
-  app->add_option("--threads", f->threads, "CPU threads (sets OpenMP's thread count; default: OpenMP's)");
-  app->add_option("--seed", f->seed, "seed of the workload, the activations and the sinks")->capture_default_str();
+  app->add_option("--block-size", f->block_size, "tokens per KV-cache block")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxBlockSize));
+  app->add_option("--threads", f->threads, "CPU threads (sets OpenMP's thread count; 0 = OpenMP's default)")
+      ->check(integer_option(0, kMaxThreads));
+  app->add_option("--seed", f->seed, "seed of the workload, the activations and the sinks")
+      ->capture_default_str()
+      ->check(seed_option());
   app->add_option("--json", f->json_path, "also write the full report (with per-step records) as JSON to FILE");
   auto* wl = "Workload";
-  app->add_option("--num-requests", f->num_requests, "requests in the workload")->capture_default_str()->group(wl);
+  app->add_option("--num-requests", f->num_requests, "requests in the workload")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxNumRequests))
+      ->group(wl);
   app->add_option("--prompt-len", f->prompt_len,
                   "prompt length distribution (after the system prompt): N, fixed:N, uniform:MIN:MAX, "
-                  "lognormal:MEAN:STDEV[:MAX]")->capture_default_str()->group(wl);
+                  "lognormal:MEAN:STDEV[:MAX] (MAX default 8 x MEAN); lengths 1 to " +
+                      std::to_string(kMaxTokens))
+      ->capture_default_str()
+      ->group(wl);
   app->add_option("--output-len", f->output_len, "output length distribution (same forms)")->capture_default_str()->group(wl);
   app->add_option("--system-prompt-len", f->system_prompt_len,
                   "tokens of a system prompt every request shares: once one request has computed its full "
-                  "blocks, requests admitted later share them through the block pool's reference counts")->capture_default_str()->group(wl);
+                  "blocks, requests admitted later share them through the block pool's reference counts")
+      ->capture_default_str()
+      ->check(integer_option(0, kMaxTokens))
+      ->group(wl);
   app->add_option("--arrival-rate", f->arrival_rate,
-                  "requests per scheduler step (Poisson); 0 = all at once")->capture_default_str()->group(wl);
+                  "requests per scheduler step (Poisson); 0 = all at once")
+      ->capture_default_str()
+      ->check(number_option(0, kMaxArrivalRate))
+      ->group(wl);
   auto* sched = "Scheduler and budgets";
-  app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "token budget per step")->capture_default_str()->group(sched);
-  app->add_option("--max-num-seqs", f->max_num_seqs, "running requests at most")->capture_default_str()->group(sched);
-  app->add_option("--max-model-len", f->max_model_len, "longest prompt + output (default: the preset's)")->group(sched);
+  app->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "token budget per step")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxBatchedTokens))
+      ->group(sched);
+  app->add_option("--max-num-seqs", f->max_num_seqs, "running requests at most")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxNumSeqs))
+      ->group(sched);
+  app->add_option("--max-model-len", f->max_model_len, "longest prompt + output (0 = the preset's)")
+      ->check(integer_option(0, kMaxTokens))
+      ->group(sched);
   app->add_option("--num-blocks", f->num_blocks,
                   "KV-cache blocks (default: enough for every request at once, capped by --kv-cache-gib); "
-                  "fewer blocks make the scheduler preempt")->group(sched);
-  app->add_option("--kv-cache-gib", f->kv_cache_gib, "cap of the automatic --num-blocks, all layers together")->capture_default_str()->group(sched);
+                  "fewer blocks make the scheduler preempt; 0 = automatic; also limited by the host's (the "
+                  "GPU's) memory")
+      ->check(integer_option(0, kMaxNumBlocks))
+      ->group(sched);
+  app->add_option("--kv-cache-gib", f->kv_cache_gib, "cap of the automatic --num-blocks, all layers together")
+      ->capture_default_str()
+      ->check(number_option(0, kMaxKvCacheGib, true))
+      ->group(sched);
   app->add_flag("--no-chunked-prefill", f->no_chunked_prefill, "a prefill must fit in one step's budget")->group(sched);
   app->add_option("--long-prefill-token-threshold", f->long_prefill_token_threshold,
-                  "a prefill chunk takes at most this many tokens (0 = the budget)")->group(sched);
-  app->add_option("--max-steps", f->max_steps, "stop after this many steps (0 = run every request to completion)")->group(sched);
+                  "a prefill chunk takes at most this many tokens (0 = the budget)")
+      ->check(integer_option(0, kMaxTokens))
+      ->group(sched);
+  app->add_option("--max-steps", f->max_steps, "stop after this many steps (0 = run every request to completion)")
+      ->check(integer_option(0, kMaxInt))
+      ->group(sched);
   auto* ver = "Verification and output";
   app->add_flag("--check", f->check, "re-run sampled steps on REFERENCE and compare (default for tiny)")->group(ver);
   app->add_flag("--no-check", f->no_check, "do not compare with REFERENCE")->group(ver)->excludes("--check");
-  app->add_option("--check-interval", f->check_interval, "check every n-th step")->capture_default_str()->group(ver);
+  app->add_option("--check-interval", f->check_interval, "check every n-th step")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxInt))
+      ->group(ver);
   app->add_flag("--no-peaks", f->no_peaks, "do not calibrate / report fractions of the machine's peaks")->group(ver);
   app->add_flag("--quiet", f->quiet, "no progress on stderr")->group(ver);
 
@@ -113,19 +155,14 @@ Command add_run_command(CLI::App& parent) {
     o.preset = f->preset;
     o.num_layers = f->layers;
     o.tensor_parallel_size = f->tensor_parallel_size;
-    if (app->count("--layers") > 0 && f->layers < 1) {
-      throw UsageError("--layers: " + std::to_string(f->layers) + " must be >= 1");
-    }
     o.device = parse_device_flag(f->device, "--device");
     o.backend = f->backend;
     o.dtype = parse_activation_dtype_flag(f->dtype, "--dtype");
     check_kv_cache_dtype_flag(f->kv_cache_dtype, "--kv-cache-dtype");
     o.kv_cache_dtype = f->kv_cache_dtype;
     o.block_size = f->block_size;
-    if (f->threads < 0) throw UsageError("--threads: " + std::to_string(f->threads) + " must be >= 1");
     o.threads = f->threads;
-    if (f->seed < 0) throw UsageError("--seed: " + std::to_string(f->seed) + " must be >= 0");
-    o.seed = static_cast<uint64_t>(f->seed);
+    o.seed = f->seed;
     o.workload.num_requests = f->num_requests;
     o.workload.prompt_len = LengthDistribution::parse(f->prompt_len, "--prompt-len");
     o.workload.output_len = LengthDistribution::parse(f->output_len, "--output-len");
@@ -134,9 +171,7 @@ Command add_run_command(CLI::App& parent) {
     o.workload.seed = o.seed;
     o.max_num_batched_tokens = f->max_num_batched_tokens;
     o.max_num_seqs = f->max_num_seqs;
-    if (f->max_model_len < 0) throw UsageError("--max-model-len: " + std::to_string(f->max_model_len) + " must be >= 1");
     o.max_model_len = f->max_model_len;
-    if (f->num_blocks < 0) throw UsageError("--num-blocks: " + std::to_string(f->num_blocks) + " must be >= 1");
     o.num_blocks = f->num_blocks;
     o.kv_cache_gib = f->kv_cache_gib;
     o.chunked_prefill = !f->no_chunked_prefill;
@@ -149,7 +184,8 @@ Command add_run_command(CLI::App& parent) {
     o.progress = !f->quiet;
 
     std::ofstream json_file;
-    if (!f->json_path.empty()) {  // fail before the run, not after it
+    if (app->count("--json") > 0) {  // fail before the run, not after it
+      check_file_name("--json", f->json_path);
       json_file.open(f->json_path);
       if (!json_file) throw UsageError("--json: cannot write '" + f->json_path + "'");
     }

@@ -7,10 +7,11 @@
 #include <ostream>
 #include <random>
 #include <span>
-#include <unordered_map>
 
 #include "cli_common.h"
+#include "option_limits.h"
 #include "pagedattn/pagedattn.h"
+#include "run_checks.h"
 #include "work_model.h"
 
 namespace pagedattn::cli {
@@ -81,13 +82,12 @@ struct GroupState {
   const AttentionBackend* backend = nullptr;
   KVCacheSpec spec;
   BuilderConfig config;
-  int chunk = 0;  // > 0: chunked local attention, run on virtual batches
   std::unique_ptr<AttentionMetadataBuilder> builder;
   std::vector<int> layers;
   LayerShape shape;
 };
 
-// The step's arrays on the host (for the metadata, the virtual batches and the accounting).
+// The step's arrays on the host (for the metadata and the accounting).
 struct HostBatch {
   std::vector<int32_t> query_start_loc, seq_lens, query_lens, block_table;
   std::vector<int64_t> slot_mapping;
@@ -230,12 +230,6 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState
     spec = layer.kv_cache_spec();
   }
   config.num_sms = device == Device::cuda ? num_sms : threads;
-  int chunk = shape.kind == LayerKind::chunked_local ? shape.attention_chunk_size : 0;
-  if (chunk > 0) {
-    // Virtual batches: at most one per request plus one per chunk of the step's tokens more.
-    config.max_num_seqs = 2 * options.max_num_seqs + cdiv(options.max_num_batched_tokens, chunk);
-    config.max_model_len = chunk;
-  }
   for (size_t g = 0; g < list.size(); ++g) {
     if (list[g].backend == &backend && list[g].spec == spec && same_builder_config(list[g].config, config)) {
       return static_cast<int>(g);
@@ -245,7 +239,6 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState
   group.backend = &backend;
   group.spec = spec;
   group.config = config;
-  group.chunk = chunk;
   group.shape = shape;
   group.builder = backend.make_builder(spec, config, device);
   list.push_back(std::move(group));
@@ -256,42 +249,14 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.options = std::move(options);
   RunOptions& o = s.options;
+  // Every option against its limit before anything is allocated or set (run_checks.h).
+  validate_run_options(o);
   s.preset = &find_preset(o.preset);
   s.threads = apply_thread_count(o.threads);
   s.num_sms = o.device == Device::cuda ? gpu_sm_count(0) : s.threads;
   s.rng.seed(o.seed);
 
-  if (o.num_layers < 0) throw UsageError("--layers: " + std::to_string(o.num_layers) + " must be >= 1");
-  if (o.block_size < 1) throw UsageError("--block-size: " + std::to_string(o.block_size) + " must be >= 1");
-  if (o.dtype != DType::f32 && o.dtype != DType::f16 && o.dtype != DType::bf16) {
-    throw UsageError("--dtype: " + std::string(dtype_name(o.dtype)) + " is not an activation dtype: expected float32, float16 or bfloat16");
-  }
-  try {
-    validate_kv_cache_dtype(o.kv_cache_dtype);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--kv-cache-dtype: ") + e.what());
-  }
-  if (!o.backend.empty() && find_backend(o.backend) == nullptr) {
-    std::vector<std::string> names;
-    for (const AttentionBackend* b : registered_backends()) names.emplace_back(b->name());
-    throw UsageError("--backend: unknown backend '" + o.backend + "': expected one of " + join(names, ", "));
-  }
-  if (o.device == Device::cuda && cuda_device_count() == 0) {
-    throw UsageError(std::string("--device cuda: ") +
-                     (built_with_cuda() ? "no CUDA device is visible" : "this pagedattn was built without CUDA"));
-  }
-  if (o.check_interval < 1) throw UsageError("--check-interval: " + std::to_string(o.check_interval) + " must be >= 1");
-  if (o.max_steps < 0) throw UsageError("--max-steps: " + std::to_string(o.max_steps) + " must be >= 0");
-  if (!(o.kv_cache_gib > 0)) throw UsageError("--kv-cache-gib: must be > 0");
-  if (o.max_num_batched_tokens < 1) {
-    throw UsageError("--max-num-batched-tokens: " + std::to_string(o.max_num_batched_tokens) + " must be >= 1");
-  }
-  if (o.max_model_len < 0) throw UsageError("--max-model-len: " + std::to_string(o.max_model_len) + " must be >= 1");
-
   std::vector<LayerShape> shapes = s.preset->layers(o.num_layers);
-  if (o.tensor_parallel_size < 1) {
-    throw UsageError("--tensor-parallel-size: " + std::to_string(o.tensor_parallel_size) + " must be >= 1");
-  }
   for (LayerShape& shape : shapes) {
     const int tp = o.tensor_parallel_size;
     if (shape.num_heads % tp != 0) {
@@ -382,6 +347,23 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     s.layers.push_back(std::move(ls));
   }
 
+  // Activations: the largest q/k/v row and output row of any layer (elements per token).
+  int64_t per_token = 0, out_per_token = 0;
+  for (const LayerState& l : s.layers) {
+    const LayerShape& sh = l.shape;
+    if (l.mla) {  // q (T, H, P + R), kv_c (T, L), k_pe (T, R); output (T, H, V)
+      per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * (sh.qk_nope_head_dim + sh.qk_rope_head_dim),
+                                     int64_t{sh.kv_lora_rank}});
+      out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.v_head_dim);
+      continue;
+    }
+    per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * sh.head_size,
+                                   int64_t{sh.num_kv_heads} * std::max(sh.head_size, sh.value_head_size())});
+    out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.value_head_size());
+  }
+  const int64_t max_tokens = o.max_num_batched_tokens;
+  s.pool_slack = 1 << 16;
+
   // ---- workload and scheduler ----------------------------------------------------------------------
   std::vector<RequestSpec> requests = generate_workload(o.workload);
   SchedulerConfig sc;
@@ -399,12 +381,23 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     int64_t all_at_once = 1;
     for (const RequestSpec& r : requests) all_at_once += cdiv(int64_t{r.prompt_len} + r.output_len - 1, o.block_size);
     int64_t fits = static_cast<int64_t>(o.kv_cache_gib * double(int64_t{1} << 30) / double(page_bytes));
-    sc.num_blocks = static_cast<int>(std::clamp<int64_t>(std::min(all_at_once, fits), 0, int64_t{1} << 30));
+    sc.num_blocks = static_cast<int>(std::clamp<int64_t>(std::min(all_at_once, fits), 0, kMaxNumBlocks));
     if (sc.num_blocks < 1) {
       throw UsageError("--kv-cache-gib: " + format_sig(o.kv_cache_gib) + " GiB holds no block of " +
                        std::to_string(page_bytes) + " bytes (all layers)");
     }
   }
+  s.check = o.check.value_or(s.preset->name == "tiny");
+  RunMemory memory;
+  memory.num_layers = static_cast<int>(s.layers.size());
+  memory.page_bytes = page_bytes;
+  memory.num_blocks = sc.num_blocks;
+  memory.automatic_num_blocks = o.num_blocks == 0;
+  memory.check = s.check;
+  // The pool (host, and its device copy), the output and --check's reference output.
+  memory.activation_bytes = static_cast<int64_t>(dtype_size(o.dtype)) *
+                            (max_tokens * per_token + s.pool_slack + 2 * max_tokens * out_per_token);
+  check_run_memory(o, memory);
   try {
     s.scheduler = std::make_unique<Scheduler>(sc, std::move(requests));
   } catch (const UsageError& e) {
@@ -416,7 +409,6 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   }
 
   // ---- caches and builders --------------------------------------------------------------------------
-  s.check = o.check.value_or(s.preset->name == "tiny");
   s.tolerance = check_tolerance(o.dtype, o.kv_cache_dtype);
   for (size_t i = 0; i < s.layers.size(); ++i) {
     LayerState& l = s.layers[i];
@@ -472,21 +464,6 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   s.scheduler->set_decode_threshold(decode_threshold);
 
   // ---- activations ------------------------------------------------------------------------------------
-  int64_t per_token = 0, out_per_token = 0;
-  for (const LayerState& l : s.layers) {
-    const LayerShape& sh = l.shape;
-    if (l.mla) {  // q (T, H, P + R), kv_c (T, L), k_pe (T, R); output (T, H, V)
-      per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * (sh.qk_nope_head_dim + sh.qk_rope_head_dim),
-                                     int64_t{sh.kv_lora_rank}});
-      out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.v_head_dim);
-      continue;
-    }
-    per_token = std::max<int64_t>({per_token, int64_t{sh.num_heads} * sh.head_size,
-                                   int64_t{sh.num_kv_heads} * std::max(sh.head_size, sh.value_head_size())});
-    out_per_token = std::max<int64_t>(out_per_token, int64_t{sh.num_heads} * sh.value_head_size());
-  }
-  const int64_t max_tokens = o.max_num_batched_tokens;
-  s.pool_slack = 1 << 16;
   s.pool_host = Tensor(Shape{max_tokens * per_token + s.pool_slack}, o.dtype, Device::cpu);
   fill_normal(s.pool_host, o.seed ^ 0xACCE55u);
   if (o.device != Device::cpu) s.pool_device = s.pool_host.to(o.device);
@@ -547,62 +524,29 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
         make_common_attention_metadata(args, Device::cpu, num_blocks, bs));
   }
 
-  // Chunked-local layers: virtual batches per chunk size (vLLM's ChunkedLocalAttention builder).
-  struct Local {
-    OwnedCommonAttentionMetadata device, host;
-    bool has_host = false;
-  };
-  std::unordered_map<int, Local> locals;
-  auto local_for = [&](int chunk) -> Local& {
-    auto it = locals.find(chunk);
-    if (it != locals.end()) return it->second;
-    LocalAttentionVirtualBatches v = make_local_attention_virtual_batches(
-        chunk, hb.query_start_loc, hb.seq_lens, hb.block_table, hb.cols, bs);
-    CommonAttentionMetadataArgs la;
-    la.query_start_loc = v.cu_seqlens_q_local;
-    la.seq_lens = v.seqlens_k_local;
-    la.block_table = v.block_table_local;
-    la.max_num_blocks_per_req = v.pages_per_local_batch;
-    la.slot_mapping = hb.slot_mapping;
-    Local local{make_common_attention_metadata(la, o.device, num_blocks, bs), {}, false};
-    if (check && o.device != Device::cpu) {
-      local.host = make_common_attention_metadata(la, Device::cpu, num_blocks, bs);
-      local.has_host = true;
-    }
-    return locals.emplace(chunk, std::move(local)).first->second;
-  };
-
-  // Plan: one build per group. The cascade prefix is offered when the builder's heuristic wants it
-  // (never to the check's REFERENCE plans, so that a cascade run is compared with a plain one).
+  // Plan: one build per group; chunked-local groups' builders plan their virtual batches
+  // themselves (the layer's own path). The cascade prefix is offered when the builder's heuristic
+  // wants it (never to the check's REFERENCE plans, so that a cascade run is compared with a
+  // plain one; never with local attention).
   auto plan = [&](std::vector<GroupState>& list, bool reference) {
-    const bool host = reference;
+    const CommonAttentionMetadata& cm = reference && common_host ? common_host->common : common.common;
     std::vector<std::shared_ptr<const AttentionMetadata>> metadata;
     for (GroupState& g : list) {
-      const CommonAttentionMetadata* cm;
-      if (g.chunk > 0) {
-        Local& l = local_for(g.chunk);
-        cm = host && l.has_host ? &l.host.common : &l.device.common;
-      } else {
-        cm = host && common_host ? &common_host->common : &common.common;
-      }
       int prefix = 0;
-      if (g.chunk == 0 && !reference) {
-        int candidate = common_prefix_len(*cm, bs);
+      if (!reference) {
+        int candidate = common_prefix_len(cm, bs);
+        const bool local = g.spec.kind == KVCacheSpecKind::chunked_local_attention;
         if (candidate > 0 &&
             g.builder->use_cascade_attention(candidate, hb.query_lens, g.config.num_heads, g.config.num_kv_heads,
-                                             g.config.use_alibi, g.config.sliding_window.has_value(), false,
+                                             g.config.use_alibi, g.config.sliding_window.has_value(), local,
                                              g.config.num_sms)) {
           prefix = candidate;
         }
       }
-      metadata.push_back(g.builder->build(prefix, *cm, false));
+      metadata.push_back(g.builder->build(prefix, cm, false));
     }
     return metadata;
   };
-  // Host preparation (like the common metadata above) stays outside the timed plan.
-  for (const GroupState& g : groups) {
-    if (g.chunk > 0) local_for(g.chunk);
-  }
   auto t_plan = Clock::now();
   std::vector<std::shared_ptr<const AttentionMetadata>> metadata = plan(groups, false);
   if (o.device == Device::cuda) synchronize_cuda();
@@ -730,7 +674,8 @@ RunReport Simulation::run(std::ostream* progress) {
   report.check_enabled = s.check;
   for (const GroupState& g : s.groups) {
     report.groups.push_back(GroupReport{std::string(g.backend->name()), spec_summary(g.spec),
-                                        static_cast<int>(g.layers.size()), g.chunk > 0});
+                                        static_cast<int>(g.layers.size()),
+                                        g.spec.kind == KVCacheSpecKind::chunked_local_attention});
   }
   if (o.measure_peaks) {
     try {

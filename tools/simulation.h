@@ -4,9 +4,9 @@
 //   scheduler step (scheduler.h)
 //     -> host arrays: query_start_loc, seq_lens, block_table, slot_mapping
 //     -> CommonAttentionMetadata (make_common_attention_metadata)
-//        chunked-local layers: virtual batches (make_local_attention_virtual_batches), as vLLM's
-//        ChunkedLocalAttention builder does before the backend's own builder
-//     -> one builder per KV-cache group (layers with the same backend and KVCacheSpec), build once
+//     -> one builder per KV-cache group (layers with the same backend and KVCacheSpec), build once;
+//        a chunked-local group's builder (the library's, from make_builder) plans its virtual
+//        batches itself, as the layer's own path does for any caller
 //     -> every layer: ForwardContext::forward with random q/k/v of the layer's shape (views at
 //        random offsets into a pool of N(0, 1) values, fresh per layer and step)
 //
@@ -82,7 +82,7 @@ struct GroupReport {
   std::string backend;
   std::string spec;                   // kind, window/chunk, heads x size, dtype, page size
   int num_layers = 0;
-  bool local_virtual_batches = false;
+  bool local_virtual_batches = false;  // chunked local attention: the builder plans virtual batches
 };
 
 struct StepRecord {

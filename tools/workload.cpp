@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "cli_common.h"
+#include "option_limits.h"
 
 namespace pagedattn::cli {
 
@@ -43,7 +44,10 @@ int parse_length(std::string_view text, std::string_view flag, std::string_view 
   double v = parse_number(text, flag, spec);
   if (v != std::floor(v)) bad_spec(flag, spec, "has the non-integer length " + std::string(text));
   if (v < 1) bad_spec(flag, spec, "has the length " + std::string(text) + ", which is < 1");
-  if (v > std::numeric_limits<int32_t>::max() / 4) bad_spec(flag, spec, "has a length that is too large");
+  if (v > kMaxTokens) {
+    bad_spec(flag, spec, "has the length " + std::string(text) + ", above the limit of " +
+                             std::to_string(kMaxTokens) + " tokens");
+  }
   return static_cast<int>(v);
 }
 
@@ -70,10 +74,15 @@ LengthDistribution LengthDistribution::parse(std::string_view spec, std::string_
     d.mean = parse_number(parts[1], flag, spec);
     d.stdev = parse_number(parts[2], flag, spec);
     if (d.mean < 1) bad_spec(flag, spec, "has a mean < 1");
+    if (d.mean > kMaxTokens) {
+      bad_spec(flag, spec, "has the mean " + std::string(parts[1]) + ", above the limit of " +
+                               std::to_string(kMaxTokens) + " tokens");
+    }
     if (d.stdev < 0) bad_spec(flag, spec, "has a negative standard deviation");
     d.min = 1;
+    // Default MAX: 8 x the mean, capped at the length limit.
     d.max = parts.size() == 4 ? parse_length(parts[3], flag, spec)
-                              : static_cast<int>(std::ceil(8 * d.mean));
+                              : static_cast<int>(std::min<double>(std::ceil(8 * d.mean), kMaxTokens));
     if (d.max < d.mean) bad_spec(flag, spec, "has MAX below the mean");
     return d;
   }
@@ -111,17 +120,19 @@ std::string LengthDistribution::describe() const {
   return "";
 }
 
+void validate_workload(const WorkloadConfig& config) {
+  check_range("--num-requests", config.num_requests, 1, kMaxNumRequests);
+  check_range("--system-prompt-len", config.system_prompt_len, 0, kMaxTokens);
+  check_range("--arrival-rate", config.arrival_rate, 0.0, kMaxArrivalRate);  // 0 = all at once
+  for (const auto& [d, flag] : {std::pair{&config.prompt_len, "--prompt-len"},
+                                std::pair{&config.output_len, "--output-len"}}) {
+    check_range(flag, d->min, 1, kMaxTokens);
+    check_range(flag, d->max_value(), 1, kMaxTokens);
+  }
+}
+
 std::vector<RequestSpec> generate_workload(const WorkloadConfig& config) {
-  if (config.num_requests < 1) {
-    throw UsageError("--num-requests: " + std::to_string(config.num_requests) + " must be >= 1");
-  }
-  if (config.system_prompt_len < 0) {
-    throw UsageError("--system-prompt-len: " + std::to_string(config.system_prompt_len) + " must be >= 0");
-  }
-  if (!(config.arrival_rate >= 0) || !std::isfinite(config.arrival_rate)) {
-    throw UsageError("--arrival-rate: " + format_sig(config.arrival_rate) +
-                     " must be >= 0 requests per step (0 = all at once)");
-  }
+  validate_workload(config);
   // Separate streams so that changing one distribution does not reshuffle the others.
   std::mt19937_64 prompt_rng(config.seed * 0x9E3779B97F4A7C15ull + 1);
   std::mt19937_64 output_rng(config.seed * 0x9E3779B97F4A7C15ull + 2);

@@ -5,7 +5,9 @@
 //   "uniform:A:B"               uniform integer in [A, B]
 //   "lognormal:MEAN:STDEV[:MAX]" lognormal with that mean and standard deviation (of the
 //                               lengths themselves), rounded, clamped to [1, MAX] (MAX default
-//                               8 * MEAN)
+//                               8 * MEAN, at most the length limit)
+// Lengths (and the mean) are at most kMaxTokens (option_limits.h), so that system prompt +
+// prompt + output stays an int32 token position.
 // Arrivals: all requests at step 0 (arrival rate 0), or a Poisson process of `arrival_rate`
 // requests per scheduler step (exponential gaps, rounded down to a step).
 #pragma once
@@ -24,7 +26,8 @@ struct LengthDistribution {
   int fixed = 1;
   int min = 1, max = 1;           // uniform bounds; lognormal clamp
   double mean = 1, stdev = 0;     // lognormal
-  // Throws UsageError naming `flag` for a malformed spec, a length < 1, min > max, stdev < 0.
+  // Throws UsageError naming `flag` for a malformed spec, a length < 1 or > kMaxTokens,
+  // min > max, stdev < 0.
   static LengthDistribution parse(std::string_view spec, std::string_view flag);
   int sample(std::mt19937_64& rng) const;
   int max_value() const;          // largest length it can produce
@@ -48,7 +51,11 @@ struct RequestSpec {
   int shared_prefix_len = 0;   // the system-prompt tokens at the front of the prompt
 };
 
-// Deterministic for a given config (seed included). Requests are sorted by arrival, ids 0..n-1.
+// Throws UsageError naming the option out of its limit (option_limits.h).
+void validate_workload(const WorkloadConfig& config);
+
+// Deterministic for a given config (seed included); validates it first. Requests are sorted by
+// arrival, ids 0..n-1.
 std::vector<RequestSpec> generate_workload(const WorkloadConfig& config);
 
 }  // namespace pagedattn::cli

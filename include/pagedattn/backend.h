@@ -216,9 +216,16 @@ class AttentionBackend {
   virtual ~AttentionBackend() = default;
   virtual std::string_view name() const = 0;
   virtual std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const = 0;
-  virtual std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec,
-                                                                 const BuilderConfig& config,
-                                                                 Device device) const = 0;
+  // The metadata builder of one KV-cache group. A chunked_local_attention spec (a layer with
+  // attention_chunk_size) gets the local-attention builder around this backend's own builder, as
+  // vLLM's ChunkedLocalAttention builder: each step it plans ordinary causal attention over the
+  // batch's virtual batches (make_local_attention_virtual_batches), so queries see only their
+  // chunk; it never takes the cascade path and never runs in CUDA graphs. Errors name
+  // "spec.attention_chunk_size" (not a multiple of block_size), "spec" (an MLA backend). Every
+  // other spec goes to make_backend_builder unchanged.
+  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec,
+                                                         const BuilderConfig& config,
+                                                         Device device) const;
   // Logical shape of a cache (see kv_cache.h). Default: (2, num_blocks, block_size, num_kv_heads,
   // head_size); "auto"/any dtype string does not change the shape.
   virtual Shape kv_cache_shape(int64_t num_blocks, int block_size, int num_kv_heads, int head_size,
@@ -235,6 +242,13 @@ class AttentionBackend {
   // Allocates a cache for this backend: kv_cache_shape in kv_cache_stride_order.
   Tensor allocate_kv_cache(int64_t num_blocks, int block_size, int num_kv_heads, int head_size,
                            DType storage_dtype, Device device) const;
+
+ protected:
+  // The backend's own builder: what make_builder returns for every spec but chunked local
+  // attention, and what the local-attention builder wraps (then with a full_attention spec of the
+  // same geometry and limits sized for the virtual batches).
+  virtual std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(
+      const KVCacheSpec& spec, const BuilderConfig& config, Device device) const = 0;
 };
 
 }  // namespace pagedattn

@@ -43,7 +43,10 @@ class Attention(_C._Attention):
             choice (env ``PAGEDATTN_BACKEND`` also forces one). A backend that cannot run this
             configuration raises pagedattn.Error listing its reasons.
         head_size_v: value head size ``Dv`` when it differs from ``head_size`` (MLA-style).
-        attention_chunk_size: chunked local attention (llama4) chunk, or None.
+        attention_chunk_size: chunked local attention (Llama 4) chunk ``C``, or None: a query at
+            position ``p`` sees the keys ``k <= p`` with ``k // C == p // C``. ``C`` must be a
+            multiple of ``block_size``. The layer's ``metadata_builder()`` plans vLLM's virtual
+            batches for it (no cascade, no CUDA graphs).
 
     Attributes:
         backend: the selected ``AttentionBackend`` (``.name``, ``.get_kv_cache_shape()``...).

@@ -1,7 +1,8 @@
 """Float64 NumPy attention written for these tests, and a random paged batch to feed it.
 
 The oracle implements DESIGN.md §4 directly: s = scale * q.k; soft cap c: s <- c * tanh(s / c);
-ALiBi adds -slope * |q_pos - k_pos|; then the mask (causal / sliding window); softmax with the
+ALiBi adds -slope * |q_pos - k_pos|; then the mask (causal / sliding window / attention chunk:
+keys of the query's chunk only, q_pos // C == k_pos // C); softmax with the
 optional sink logit in the denominator only; LSE in natural log; GQA query head h reads KV head
 h // (Hq / Hkv).
 """
@@ -36,7 +37,7 @@ def f64(x) -> np.ndarray:
 
 
 def attend(q, k, v, q_pos, k_pos, scale, *, causal=True, window=None, soft_cap=None,
-           alibi=None, sinks=None, two_sided_window=False):
+           alibi=None, sinks=None, two_sided_window=False, chunk=None):
     """One request. q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), all float64; q_pos (Tq,),
     k_pos (Tk,) absolute positions. Returns out (Tq, Hq, Dv) and lse (Hq, Tq)."""
     tq, hq, _ = q.shape
@@ -57,6 +58,8 @@ def attend(q, k, v, q_pos, k_pos, scale, *, causal=True, window=None, soft_cap=N
         visible &= dist <= window - 1
         if two_sided_window:
             visible &= dist >= -(window - 1)
+    if chunk is not None:
+        visible &= (q_pos[:, None] // chunk) == (k_pos[None, :] // chunk)
     s = np.where(visible[None], s, -np.inf)
     m = s.max(axis=2, initial=-np.inf)  # (Hq, Tq)
     if sinks is not None:
@@ -177,9 +180,9 @@ def reference_forward(batch: PagedBatch, query, kv_cache, layer_args: dict, head
 
 
 def oracle_args(layer: pagedattn.Attention, window=None, soft_cap=None, alibi=None, sinks=None,
-                causal=True, two_sided_window=False) -> dict:
+                causal=True, two_sided_window=False, chunk=None) -> dict:
     return dict(scale=float(layer.scale), causal=causal, window=window, soft_cap=soft_cap,
-                alibi=alibi, sinks=sinks, two_sided_window=two_sided_window)
+                alibi=alibi, sinks=sinks, two_sided_window=two_sided_window, chunk=chunk)
 
 
 def random_array(rng, shape, dtype: str, scale: float = 1.0) -> np.ndarray:

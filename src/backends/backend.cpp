@@ -1,10 +1,13 @@
 // Defaults of the backend interface (include/pagedattn/backend.h): the standard cache shape and
-// stride order, cache allocation, and the builder defaults (cascade heuristic, batch reorder).
+// stride order, cache allocation, make_builder (the local-attention builder for chunked local
+// specs, the backend's own builder otherwise), and the builder defaults (cascade heuristic,
+// batch reorder).
 #include <algorithm>
 #include <optional>
 #include <span>
 #include <string>
 
+#include "backends/local_attention_builder.h"
 #include "pagedattn/backend.h"
 #include "pagedattn/error.h"
 #include "pagedattn/kv_cache.h"
@@ -53,6 +56,21 @@ Tensor AttentionBackend::allocate_kv_cache(int64_t num_blocks, int block_size, i
                   ": kv_cache_stride_order has ", order.size(), " entries but kv_cache_shape ",
                   shape.str(), " has ", shape.ndim(), " dims");
   return allocate_paged_cache(shape, order, storage_dtype, device);
+}
+
+std::unique_ptr<AttentionMetadataBuilder> AttentionBackend::make_builder(
+    const KVCacheSpec& spec, const BuilderConfig& config, Device device) const {
+  if (spec.kind != KVCacheSpecKind::chunked_local_attention) {
+    return make_backend_builder(spec, config, device);
+  }
+  PAGEDATTN_CHECK(as_mla() == nullptr, "spec", name(), " make_builder: spec ", spec.describe(),
+                  " is chunked local attention but ", name(),
+                  " is an MLA backend: MLA layers have no attention_chunk_size");
+  local_attention::check_local_attention_spec(spec, config, name());
+  return local_attention::make_local_attention_builder(
+      spec, config, device,
+      make_backend_builder(local_attention::inner_spec(spec),
+                           local_attention::inner_config(spec, config), device));
 }
 
 bool AttentionMetadataBuilder::use_cascade_attention(int common_prefix_len,

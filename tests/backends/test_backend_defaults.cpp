@@ -24,8 +24,8 @@ class DefaultsBackend final : public AttentionBackend {
   std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams&) const override {
     throw Error("backend", "DEFAULTS_UNDER_TEST makes no impl");
   }
-  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec&, const BuilderConfig&,
-                                                         Device) const override {
+  std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(
+      const KVCacheSpec&, const BuilderConfig&, Device) const override {
     throw Error("backend", "DEFAULTS_UNDER_TEST makes no builder");
   }
   std::vector<KernelBlockSize> supported_kernel_block_sizes() const override {

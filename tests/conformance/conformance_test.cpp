@@ -285,9 +285,9 @@ class DoubleBackend final : public AttentionBackend {
     return std::make_unique<DoubleImpl>(params, reference().make_impl(changed),
                                         options_.leave_last_row);
   }
-  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec,
-                                                         const BuilderConfig& config,
-                                                         Device device) const override {
+  std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(const KVCacheSpec& spec,
+                                                                 const BuilderConfig& config,
+                                                                 Device device) const override {
     auto inner = reference().make_builder(spec, config, device);
     if (!options_.decodes_first) return inner;
     return std::make_unique<DoubleBuilder>(std::move(inner));

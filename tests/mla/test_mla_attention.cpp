@@ -106,9 +106,9 @@ class TestMLABackend final : public MLABackend {
   std::unique_ptr<MLAAttentionImpl> make_mla_impl(const MLAImplParams& p) const override {
     return std::make_unique<NaiveDecodeImpl>(p, broken_);
   }
-  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec,
-                                                         const BuilderConfig& config,
-                                                         Device device) const override {
+  std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(const KVCacheSpec& spec,
+                                                                 const BuilderConfig& config,
+                                                                 Device device) const override {
     return std::make_unique<mla::MLACommonMetadataBuilder>(spec, config, device);
   }
   std::vector<KernelBlockSize> supported_kernel_block_sizes() const override {
@@ -167,9 +167,9 @@ TEST(MLADriver, HarnessCatchesUnwrittenRows) {
     std::unique_ptr<MLAAttentionImpl> make_mla_impl(const MLAImplParams& p) const override {
       return std::make_unique<SilentImpl>(p);
     }
-    std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& s,
-                                                           const BuilderConfig& c,
-                                                           Device d) const override {
+    std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(const KVCacheSpec& s,
+                                                                   const BuilderConfig& c,
+                                                                   Device d) const override {
       return std::make_unique<mla::MLACommonMetadataBuilder>(s, c, d);
     }
     std::vector<KernelBlockSize> supported_kernel_block_sizes() const override { return {1}; }

@@ -48,9 +48,9 @@ class CpuBackend final : public AttentionBackend {
     return std::make_unique<CpuAttentionImpl>(params);
   }
 
-  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec,
-                                                         const BuilderConfig& config,
-                                                         Device device) const override {
+  std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(const KVCacheSpec& spec,
+                                                                 const BuilderConfig& config,
+                                                                 Device device) const override {
     PAGEDATTN_CHECK(device == Device::cpu, "device", "CPU make_builder: device = ",
                     device_name(device), " is not supported: the CPU backend runs on the cpu");
     PAGEDATTN_CHECK(spec.kind != KVCacheSpecKind::mla, "spec",

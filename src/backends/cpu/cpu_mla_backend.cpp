@@ -405,9 +405,9 @@ class CpuMlaBackend final : public MLABackend {
     return std::make_unique<CpuMlaImpl>(params);
   }
 
-  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec,
-                                                         const BuilderConfig& config,
-                                                         Device device) const override {
+  std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(const KVCacheSpec& spec,
+                                                                 const BuilderConfig& config,
+                                                                 Device device) const override {
     const char* who = "CPU_MLA make_builder: ";
     PAGEDATTN_CHECK(device == Device::cpu, "device", who, "device = ", device_name(device),
                     " is not supported: the CPU_MLA backend runs on the cpu");

@@ -97,8 +97,8 @@ class CudaBackend final : public AttentionBackend {
     return std::make_unique<CudaAttentionImpl>(params);
   }
 
-  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec, const BuilderConfig& config,
-                                                         Device device) const override {
+  std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(
+      const KVCacheSpec& spec, const BuilderConfig& config, Device device) const override {
     PAGEDATTN_CHECK(spec.kind != KVCacheSpecKind::mla, "spec",
                     "CUDA make_builder: spec kind = mla is not supported: MLA layers use the CUDA_MLA backend");
     PAGEDATTN_CHECK(spec.block_size > 0 && spec.block_size % 16 == 0, "spec.block_size",

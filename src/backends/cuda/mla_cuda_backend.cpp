@@ -225,8 +225,8 @@ class CudaMlaBackend final : public MLABackend {
     return std::make_unique<CudaMlaImpl>(params);
   }
 
-  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec, const BuilderConfig& config,
-                                                         Device device) const override {
+  std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(
+      const KVCacheSpec& spec, const BuilderConfig& config, Device device) const override {
     PAGEDATTN_CHECK(spec.kind == KVCacheSpecKind::mla, "spec", kName, " make_builder: spec kind is not mla");
     PAGEDATTN_CHECK(spec.block_size > 0 && spec.block_size % 16 == 0, "spec.block_size", kName,
                     " make_builder: block_size = ", spec.block_size, " must be a positive multiple of 16");

@@ -27,9 +27,9 @@ class ReferenceBackend final : public AttentionBackend {
     return std::make_unique<ReferenceAttentionImpl>(params);
   }
 
-  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec,
-                                                         const BuilderConfig& config,
-                                                         Device device) const override {
+  std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(const KVCacheSpec& spec,
+                                                                 const BuilderConfig& config,
+                                                                 Device device) const override {
     PAGEDATTN_CHECK(device == Device::cpu, "device",
                     "REFERENCE make_builder: device = ", device_name(device),
                     " is not supported: the REFERENCE backend runs on the cpu");

@@ -320,9 +320,9 @@ class ReferenceMLABackend final : public MLABackend {
     return std::make_unique<ReferenceMLAImpl>(params);
   }
 
-  std::unique_ptr<AttentionMetadataBuilder> make_builder(const KVCacheSpec& spec,
-                                                         const BuilderConfig& config,
-                                                         Device device) const override {
+  std::unique_ptr<AttentionMetadataBuilder> make_backend_builder(const KVCacheSpec& spec,
+                                                                 const BuilderConfig& config,
+                                                                 Device device) const override {
     PAGEDATTN_CHECK(device == Device::cpu, "device", kWho, " make_builder: device = ",
                     device_name(device), " is not supported: REFERENCE_MLA runs on the cpu");
     return std::make_unique<mla::MLACommonMetadataBuilder>(spec, config, device);
