@@ -165,7 +165,9 @@ std::shared_ptr<const AttentionMetadata> LocalAttentionMetadataBuilder::build(
   for (int r = 0; r <= num_reqs; ++r) query_start_loc[r] = read_i32(common.query_start_loc_cpu, r);
   for (int r = 0; r < num_reqs; ++r) seq_lens[r] = read_i32(common.seq_lens_cpu, r);
   const int cols = static_cast<int>(common.block_table_tensor.size(1));
-  const std::vector<int32_t> block_table = host_block_table(common.block_table_tensor, num_reqs);
+  // The host mirror when the caller gave one (no device copy), else the table itself.
+  const std::vector<int32_t> block_table = host_block_table(
+      common.block_table_cpu.defined() ? common.block_table_cpu : common.block_table_tensor, num_reqs);
   const LocalAttentionVirtualBatches v = make_local_attention_virtual_batches(
       spec_.attention_chunk_size, query_start_loc, seq_lens, block_table, cols, spec_.block_size);
 
@@ -191,6 +193,9 @@ std::shared_ptr<const AttentionMetadata> LocalAttentionMetadataBuilder::build(
     c.query_start_loc = b.query_start_loc.view();
     c.seq_lens = b.seq_lens.view();
     c.block_table_tensor = b.block_table.view();
+    // Host mirrors: the inner builder checks block ids and slots on them (no device copy).
+    c.block_table_cpu = b.block_table_cpu.view();
+    c.slot_mapping_cpu = common.slot_mapping_cpu;
   }
   c.slot_mapping = common.slot_mapping;
   c.query_start_loc_cpu = b.query_start_loc_cpu.view();
