@@ -286,7 +286,8 @@ class MLABackend : public AttentionBackend {
 // ---- layer (vLLM MLAAttention) --------------------------------------------------------------
 struct MLAAttentionLayerParams {
   int num_heads = 0;
-  float scale = 0.f;                        // 0 = qk_head_dim^-0.5
+  std::optional<float> scale;               // unset = qk_head_dim^-0.5; else finite and > 0
+                                            // (0 is an Error); resolved after construction
   std::optional<int> q_lora_rank;
   int kv_lora_rank = 0;
   int qk_nope_head_dim = 0;
