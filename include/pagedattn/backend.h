@@ -179,7 +179,8 @@ class AttentionMetadataBuilder {
   virtual int reorder_batch_threshold() const { return 0; }
   // Returns the permutation to apply (order[i] = old index now at i) or nullopt when none.
   virtual std::optional<BatchReorder> reorder_batch(std::span<const int32_t> num_scheduled_tokens) const;
-  // Bytes of device (or host, for CPU) workspace allocated at construction.
+  // Bytes of device (or host, for CPU) workspace: allocated at construction, plus (host
+  // backends) one run-buffer set per extra level of overlap among concurrent forwards.
   virtual size_t workspace_bytes() const { return 0; }
   const KVCacheSpec& kv_cache_spec() const { return spec_; }
 
