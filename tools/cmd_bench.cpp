@@ -140,10 +140,10 @@ PointResult run_point(const AttentionBackend& backend, const LayerShape& shape, 
   const int bs = f.block_size;
   AttentionLayerParams p;
   p.num_heads = shape.num_heads;
-  p.num_kv_heads = shape.num_kv_heads;
+  if (shape.num_kv_heads > 0) p.num_kv_heads = shape.num_kv_heads;  // presets: 0 = unset
   p.head_size = shape.head_size;
   p.head_size_v = shape.head_size_v;
-  p.scale = shape.scale;
+  if (shape.scale > 0.f) p.scale = shape.scale;
   if (shape.kind == LayerKind::sliding_window) p.sliding_window = shape.sliding_window;
   p.logits_soft_cap = shape.logits_soft_cap;
   if (shape.has_sinks) p.sinks.assign(static_cast<size_t>(shape.num_heads), 0.5f);

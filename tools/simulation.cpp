@@ -291,7 +291,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     if (shape.kind == LayerKind::mla) {
       MLAAttentionLayerParams p;
       p.num_heads = shape.num_heads;
-      p.scale = shape.scale;
+      if (shape.scale > 0.f) p.scale = shape.scale;  // presets: 0 = unset (the layer's default)
       p.kv_lora_rank = shape.kv_lora_rank;
       p.qk_nope_head_dim = shape.qk_nope_head_dim;
       p.qk_rope_head_dim = shape.qk_rope_head_dim;
@@ -321,8 +321,8 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     p.num_heads = shape.num_heads;
     p.head_size = shape.head_size;
     p.head_size_v = shape.head_size_v;
-    p.scale = shape.scale;
-    p.num_kv_heads = shape.num_kv_heads;
+    if (shape.scale > 0.f) p.scale = shape.scale;  // presets: 0 = unset (the layer's default)
+    if (shape.num_kv_heads > 0) p.num_kv_heads = shape.num_kv_heads;
     if (shape.kind == LayerKind::sliding_window) p.sliding_window = shape.sliding_window;
     if (shape.kind == LayerKind::chunked_local) p.attention_chunk_size = shape.attention_chunk_size;
     p.logits_soft_cap = shape.logits_soft_cap;

@@ -7,6 +7,7 @@
 //                           host sync, no host reads the plan did not pin (graph capturable).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -117,7 +118,33 @@ struct BuilderConfig {
   int64_t mla_chunked_prefill_workspace_tokens = 0;
 };
 
-// Base of every backend's plan. Backends derive from it; impls downcast their own type.
+// Which build() of a builder made a plan whose data lives in buffers the builder reuses (the
+// CUDA backends' device plan arrays and split-KV partials). The builder bumps `source` at every
+// build() (before it writes those buffers) and when it is destroyed, so current() is false from
+// then on. Plans that own their data (CPU, CPU_MLA, REFERENCE, REFERENCE_MLA) leave it empty:
+// always current.
+struct PlanStamp {
+  std::shared_ptr<const std::atomic<uint64_t>> source;
+  uint64_t generation = 0;
+  bool current() const {
+    return source == nullptr || source->load(std::memory_order_acquire) == generation;
+  }
+};
+
+// Base of every backend's plan (the "metadata"). Backends derive from it; impls downcast their
+// own type. Rules for using plans (DESIGN.md §1):
+//   host plans (CPU, CPU_MLA, REFERENCE, REFERENCE_MLA): a plan owns its arrays and shares only
+//     its builder's run-buffer pool, so it stays valid after the builder's later build() calls
+//     and after the builder is destroyed; any number of threads may run forward at the same
+//     time, on different plans of one builder or on one plan (each forward leases its own
+//     scratch; a set is allocated only while forwards overlap). Writing the KV cache from
+//     several threads at once is the caller's business, as for any shared tensor.
+//   CUDA plans (CUDA, CUDA_MLA): the plan lives in the builder's device workspace, so it is
+//     valid until the builder's next build() (or its destruction): every entry point that reads
+//     a plan (do_kv_cache_update, forward, the MLA prefill runners) throws Error naming
+//     "metadata" for an older one (stamp.current() is false). Runs are stream-ordered: use one
+//     builder per stream, and build the next step's plan after enqueuing this step's layers
+//     (a plan's device arrays are overwritten by the next build's copies on the stream).
 struct AttentionMetadata {
   virtual ~AttentionMetadata() = default;
   int num_actual_tokens = 0;
@@ -125,6 +152,7 @@ struct AttentionMetadata {
   bool use_cascade = false;
   int common_prefix_len = 0;
   TensorView slot_mapping;  // what reshape_and_cache uses this step
+  PlanStamp stamp;          // empty for host plans (see above)
   // The largest block id and slot the step touches (kv_cache_footprint, at build()): every
   // entry point checks it against the kv_cache it is given before its first write.
   KVCacheFootprint cache_footprint;
@@ -154,7 +182,8 @@ class AttentionMetadataBuilder {
   virtual int reorder_batch_threshold() const { return 0; }
   // Returns the permutation to apply (order[i] = old index now at i) or nullopt when none.
   virtual std::optional<BatchReorder> reorder_batch(std::span<const int32_t> num_scheduled_tokens) const;
-  // Bytes of device (or host, for CPU) workspace allocated at construction.
+  // Bytes of device (or host, for CPU) workspace: allocated at construction, plus (host
+  // backends) one run-buffer set per extra level of overlap among concurrent forwards.
   virtual size_t workspace_bytes() const { return 0; }
   const KVCacheSpec& kv_cache_spec() const { return spec_; }
 

@@ -19,8 +19,11 @@ namespace pagedattn {
 struct AttentionLayerParams {
   int num_heads = 0;
   int head_size = 0;
-  float scale = 0.f;                         // 0 = head_size^-0.5
-  int num_kv_heads = 0;                      // 0 = num_heads
+  // Unset = vLLM's defaults (scale head_size^-0.5, num_kv_heads = num_heads); a given value must
+  // be valid: scale finite and > 0, num_kv_heads > 0 (0 is an Error naming it, as in Python).
+  // After construction, params() holds the resolved values (both set).
+  std::optional<float> scale;
+  std::optional<int> num_kv_heads;
   std::vector<float> alibi_slopes;
   std::optional<int> sliding_window;
   std::optional<float> logits_soft_cap;

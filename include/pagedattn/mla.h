@@ -107,6 +107,7 @@ struct MLAPrefillMetadata {
   // (num_prefills), block_table (num_prefills, max_blocks) = rows of the step's block table.
   TensorView query_start_loc_device, seq_lens_device, context_lens_device, block_table;
   std::optional<MLAChunkedContextMetadata> chunked_context;  // none when no prefill has context
+  PlanStamp stamp;                          // the plan's (CUDA: its device arrays' build)
 };
 
 struct MLADecodeMetadata {
@@ -118,15 +119,17 @@ struct MLADecodeMetadata {
   TensorView seq_lens_device, block_table;
 };
 
-struct MLAWorkspace;  // the builder's step buffers (src/backends/mla): owned by the builder
+struct MLAWorkspace;  // the builder's step buffers (src/backends/mla), shared with its plans
 
 // The plan of one step for every MLA layer of a group. MLA backends derive from it to add their
-// decode plan (split-KV partition, scheduler metadata).
+// decode plan (split-KV partition, scheduler metadata). Validity and concurrency rules: see
+// AttentionMetadata (backend.h).
 struct MLAMetadata : AttentionMetadata {
   int num_decodes = 0, num_decode_tokens = 0, num_prefills = 0, num_prefill_tokens = 0;
   MLADecodeMetadata decode;                 // meaningful when num_decodes > 0
   std::optional<MLAPrefillMetadata> prefill;
-  MLAWorkspace* workspace = nullptr;        // the builder's; valid while the builder lives
+  // The builder's step buffers: held by every plan it built (usable after the builder is gone).
+  std::shared_ptr<MLAWorkspace> workspace;
 };
 
 // ---- prefill backends (vLLM v1/attention/backends/mla/prefill/base.py) ---------------------
@@ -151,7 +154,9 @@ struct MLAPrefillParams {
   Device device = Device::cpu;
 };
 
-// One prefill runner (an instance of vLLM's MLAPrefillBackend), owned by an MLA impl.
+// One prefill runner (an instance of vLLM's MLAPrefillBackend), owned by an MLA impl. Stateful
+// (prepare_metadata, then runs that read it): one caller at a time; the MLA impls take a lock
+// around their prefill part, so concurrent forwards of one layer take turns there.
 class MLAPrefillBackend {
  public:
   explicit MLAPrefillBackend(MLAPrefillParams params) : params_(params) {}
@@ -287,7 +292,8 @@ class MLABackend : public AttentionBackend {
 // ---- layer (vLLM MLAAttention) --------------------------------------------------------------
 struct MLAAttentionLayerParams {
   int num_heads = 0;
-  float scale = 0.f;                        // 0 = qk_head_dim^-0.5
+  std::optional<float> scale;               // unset = qk_head_dim^-0.5; else finite and > 0
+                                            // (0 is an Error); resolved after construction
   std::optional<int> q_lora_rank;
   int kv_lora_rank = 0;
   int qk_nope_head_dim = 0;

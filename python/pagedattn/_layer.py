@@ -15,8 +15,9 @@ class Attention(_C._Attention):
     Arguments:
         num_heads: number of query heads ``Hq``.
         head_size: size ``D`` of each query/key head.
-        scale: softmax scale applied to ``q . k``; None means ``head_size ** -0.5``.
-        num_kv_heads: number of key/value heads ``Hkv`` (GQA/MQA); None means ``num_heads``.
+        scale: softmax scale applied to ``q . k``, > 0; None means ``head_size ** -0.5``
+            (0 is an error, not "default").
+        num_kv_heads: number of key/value heads ``Hkv`` (GQA/MQA), > 0; None means ``num_heads``.
             ``num_heads`` must be a multiple of it; query head ``h`` reads KV head
             ``h // (num_heads // num_kv_heads)``.
         alibi_slopes: one ALiBi slope per query head (list, NumPy array or tensor), or None.
@@ -89,25 +90,27 @@ class Attention(_C._Attention):
         head_size_v: Optional[int] = None,
         attention_chunk_size: Optional[int] = None,
     ) -> None:
+        i32 = _tensors.int32_arg
         super().__init__(
-            int(num_heads),
-            int(head_size),
+            i32(num_heads, "num_heads"),
+            i32(head_size, "head_size"),
             None if scale is None else float(scale),
-            None if num_kv_heads is None else int(num_kv_heads),
+            None if num_kv_heads is None else i32(num_kv_heads, "num_kv_heads"),
             _tensors.float_list(alibi_slopes, "alibi_slopes"),
-            None if sliding_window is None else int(sliding_window),
+            None if sliding_window is None else i32(sliding_window, "sliding_window"),
             None if logits_soft_cap is None else float(logits_soft_cap),
             str(attn_type),
             str(kv_cache_dtype),
-            int(block_size),
+            i32(block_size, "block_size"),
             _tensors.float_list(sinks, "sinks"),
             kv_sharing_target_layer_name,
             str(prefix),
             dtype,
             device,
             backend,
-            head_size_v,
-            attention_chunk_size,
+            None if head_size_v is None else i32(head_size_v, "head_size_v"),
+            None if attention_chunk_size is None
+            else i32(attention_chunk_size, "attention_chunk_size"),
         )
 
     def allocate_kv_cache(self, num_blocks: int, framework: Optional[str] = None) -> Any:

@@ -65,7 +65,7 @@ class CommonAttentionMetadata(_C.CommonAttentionMetadata):
 
 
 def _nonneg(value: Any, argument: str) -> int:
-    v = int(value)
+    v = _tensors.int32_arg(value, argument)
     if v < 0:
         raise _tensors.error(argument, f"{argument} = {v}: expected >= 0")
     return v
@@ -87,9 +87,9 @@ def make_local_attention_virtual_batches(
     (V + 1,), seqlens_k_local (V,), block_table_local (V, attn_chunk_size // block_size))``.
     """
     return _C._make_local_attention_virtual_batches(
-        int(attn_chunk_size),
+        _tensors.int32_arg(attn_chunk_size, "attn_chunk_size"),
         _tensors.host_ints(query_start_loc, np.int32, "query_start_loc", 1),
         _tensors.host_ints(seq_lens, np.int32, "seq_lens", 1),
         _tensors.host_ints(block_table, np.int32, "block_table", 2),
-        int(block_size),
+        _tensors.int32_arg(block_size, "block_size"),
     )

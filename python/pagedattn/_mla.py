@@ -100,15 +100,15 @@ class MLAAttention(_C._MLAAttention):
         prefill_backend: Optional[str] = None,
     ) -> None:
         super().__init__(
-            int(num_heads),
+            _tensors.int32_arg(num_heads, "num_heads"),
             None if scale is None else float(scale),
-            int(qk_nope_head_dim),
-            int(qk_rope_head_dim),
-            int(v_head_dim),
-            None if q_lora_rank is None else int(q_lora_rank),
-            int(kv_lora_rank),
+            _tensors.int32_arg(qk_nope_head_dim, "qk_nope_head_dim"),
+            _tensors.int32_arg(qk_rope_head_dim, "qk_rope_head_dim"),
+            _tensors.int32_arg(v_head_dim, "v_head_dim"),
+            None if q_lora_rank is None else _tensors.int32_arg(q_lora_rank, "q_lora_rank"),
+            _tensors.int32_arg(kv_lora_rank, "kv_lora_rank"),
             str(kv_cache_dtype),
-            int(block_size),
+            _tensors.int32_arg(block_size, "block_size"),
             kv_sharing_target_layer_name,
             str(prefix),
             dtype,
@@ -171,8 +171,10 @@ class MLAAttention(_C._MLAAttention):
             raise _tensors.error("chunked_prefill_workspace_tokens",
                                  f"chunked_prefill_workspace_tokens = {w}: expected > 0 (or None "
                                  "= vLLM's rule)")
-        return self._metadata_builder(int(max_num_seqs), int(max_num_batched_tokens),
-                                      int(max_model_len), w)
+        i32 = _tensors.int32_arg
+        return self._metadata_builder(i32(max_num_seqs, "max_num_seqs"),
+                                      i32(max_num_batched_tokens, "max_num_batched_tokens"),
+                                      i32(max_model_len, "max_model_len"), w)
 
     def forward(
         self,

@@ -135,6 +135,23 @@ def use_stream_of(tensor: Any) -> None:
         _C.set_current_cuda_stream(torch.cuda.current_stream(tensor.device).cuda_stream)
 
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def int32_arg(value: Any, argument: str) -> int:
+    """`value` as an int for one of the library's 32-bit integer parameters (head counts, sizes,
+    token counts). Raises pagedattn.Error naming `argument` when it is not an integer or does not
+    fit (the binding would otherwise raise a TypeError that names nothing)."""
+    try:
+        v = int(value)
+    except (TypeError, ValueError) as exc:
+        raise error(argument, f"{argument} = {value!r} is not an integer") from exc
+    if not _INT32_MIN <= v <= _INT32_MAX:
+        raise error(argument, f"{argument} = {v} is out of range: expected an integer in "
+                    f"[{_INT32_MIN}, {_INT32_MAX}] (32-bit)")
+    return v
+
+
 def host_ints(x: Any, dtype: Any, argument: str, ndim: int) -> np.ndarray:
     """`x` (list, NumPy array, torch tensor on any device, DLPack object) as a C-contiguous host
     array of integer `dtype` with `ndim` dimensions. Raises pagedattn.Error naming `argument`."""

@@ -33,8 +33,8 @@ void bind_layer(nb::module_& m) {
             AttentionLayerParams p;
             p.num_heads = num_heads;
             p.head_size = head_size;
-            p.scale = scale.value_or(0.f);
-            p.num_kv_heads = num_kv_heads.value_or(0);
+            p.scale = scale;                // None = head_size ** -0.5; 0 is an Error
+            p.num_kv_heads = num_kv_heads;  // None = num_heads; 0 is an Error
             p.alibi_slopes = alibi_slopes.value_or(std::vector<float>{});
             p.sliding_window = sliding_window;
             p.logits_soft_cap = logits_soft_cap;
@@ -82,7 +82,7 @@ void bind_layer(nb::module_& m) {
             const KVCacheSpec spec =
                 uses_kv_cache(p.attn_type)
                     ? a.kv_cache_spec()
-                    : KVCacheSpec::full_attention(p.block_size, p.num_kv_heads > 0 ? p.num_kv_heads : p.num_heads,
+                    : KVCacheSpec::full_attention(p.block_size, *p.num_kv_heads,
                                                   p.head_size, p.dtype, p.head_size_v);
             return make_builder_object(a.backend(), spec,
                                        a.builder_config(max_num_seqs, max_num_batched_tokens, max_model_len),
@@ -126,13 +126,9 @@ void bind_layer(nb::module_& m) {
       .def_prop_ro("head_size_v", [](const Attention& a) {
         return a.params().head_size_v > 0 ? a.params().head_size_v : a.params().head_size;
       })
-      .def_prop_ro("num_kv_heads", [](const Attention& a) {
-        return a.params().num_kv_heads > 0 ? a.params().num_kv_heads : a.params().num_heads;
-      })
-      .def_prop_ro("scale", [](const Attention& a) {
-        const AttentionLayerParams& p = a.params();
-        return p.scale != 0.f ? p.scale : 1.f / std::sqrt(static_cast<float>(p.head_size));
-      })
+      // Both resolved at construction (unset = num_heads / head_size ** -0.5).
+      .def_prop_ro("num_kv_heads", [](const Attention& a) { return *a.params().num_kv_heads; })
+      .def_prop_ro("scale", [](const Attention& a) { return *a.params().scale; })
       .def_prop_ro("attn_type", [](const Attention& a) { return std::string(attention_type_name(a.params().attn_type)); })
       .def_prop_ro("kv_cache_dtype", [](const Attention& a) { return a.params().kv_cache_dtype; })
       .def_prop_ro("block_size", [](const Attention& a) { return a.params().block_size; })

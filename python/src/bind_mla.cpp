@@ -306,10 +306,7 @@ void bind_mla(nb::module_& m) {
              std::optional<std::string> prefill_backend) {
             MLAAttentionLayerParams p;
             p.num_heads = num_heads;
-            // None = qk_head_dim^-0.5 (the library's 0); an explicit 0 is an error.
-            PAGEDATTN_CHECK(!scale || *scale != 0.f, "scale", "MLAAttention '", prefix,
-                            "': scale = 0 must be a finite value > 0 (or None = qk_head_dim ** -0.5)");
-            p.scale = scale.value_or(0.f);
+            p.scale = scale;  // None = qk_head_dim ** -0.5; 0 is an Error (MLAAttention)
             p.q_lora_rank = q_lora_rank;
             p.kv_lora_rank = kv_lora_rank;
             p.qk_nope_head_dim = qk_nope_head_dim;
@@ -399,7 +396,7 @@ void bind_mla(nb::module_& m) {
           "Per-tensor scale of an fp8 latent cache: stored = saturate(x / k_scale), read = "
           "fp8 * k_scale.")
       .def_prop_ro("num_heads", [](const MLAAttention& a) { return a.params().num_heads; })
-      .def_prop_ro("scale", [](const MLAAttention& a) { return a.params().scale; })
+      .def_prop_ro("scale", [](const MLAAttention& a) { return *a.params().scale; })
       .def_prop_ro("qk_nope_head_dim", [](const MLAAttention& a) { return a.params().qk_nope_head_dim; })
       .def_prop_ro("qk_rope_head_dim", [](const MLAAttention& a) { return a.params().qk_rope_head_dim; })
       .def_prop_ro("qk_head_dim", [](const MLAAttention& a) { return a.params().qk_head_dim; })

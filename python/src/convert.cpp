@@ -214,8 +214,14 @@ TensorView TensorArgs::get(nb::handle obj, const char* argument, bool writable, 
   PAGEDATTN_CHECK(ndim <= kMaxDims, argument, argument, " has ", ndim,
                   " dimensions: expected at most ", kMaxDims);
   Shape shape_v, strides_v;
-  for (int i = 0; i < ndim; ++i) shape_v.push_back(shape[i]);
-  if (strides != nullptr) {
+  int64_t numel = 1;
+  for (int i = 0; i < ndim; ++i) {
+    shape_v.push_back(shape[i]);
+    numel *= shape[i];
+  }
+  // An empty tensor addresses no element, so its strides mean nothing (NumPy 2 exports zeros for
+  // a (0, H, D) array): give it contiguous ones, so an empty batch is a no-op, not a stride error.
+  if (strides != nullptr && numel != 0) {
     for (int i = 0; i < ndim; ++i) strides_v.push_back(strides[i]);
   } else {
     strides_v = contiguous_strides(shape_v);

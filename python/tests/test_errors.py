@@ -193,3 +193,78 @@ def test_dtype_arguments_name_themselves():
         pagedattn.get_attn_backend(64, "float128", "auto", 16)
     with raises_naming("device"):
         pagedattn.get_attn_backend(64, "bfloat16", "auto", 16, device="npu")
+
+
+# scale / num_kv_heads: None means the default (head_size ** -0.5, num_heads); an explicit 0 used
+# to mean the same silently and is now an error naming the argument (as MLAAttention's scale).
+@pytest.mark.parametrize("kwargs, argument", [
+    (dict(scale=0.0), "scale"),
+    (dict(scale=-0.0), "scale"),
+    (dict(num_kv_heads=0), "num_kv_heads"),
+])
+def test_zero_is_not_unset(kwargs, argument):
+    args = dict(num_heads=4, head_size=32, scale=None, dtype="float32")
+    args.update(kwargs)
+    with raises_naming(argument):
+        pagedattn.Attention(**args)
+    layer = pagedattn.Attention(4, 32, None, dtype="float32")
+    assert layer.num_kv_heads == 4
+    assert layer.scale == pytest.approx(32 ** -0.5)
+
+
+def test_mla_scale_zero_names_it():
+    with raises_naming("scale"):
+        pagedattn.MLAAttention(4, 0.0, 32, 16, 32, None, 64, None, dtype="float32")
+
+
+# 32-bit fields given 2**31 (or more): pagedattn.Error naming the field, not nanobind's TypeError.
+@pytest.mark.parametrize("field", ["num_heads", "block_size", "sliding_window", "num_kv_heads",
+                                   "head_size"])
+def test_attention_ints_beyond_32_bits_name_the_field(field):
+    args = dict(num_heads=4, head_size=32, scale=None, dtype="float32")
+    for value in (2**31, -(2**31) - 1, 2**40):
+        args[field] = value
+        with raises_naming(field):
+            pagedattn.Attention(**args)
+
+
+@pytest.mark.parametrize("field", ["max_query_len", "max_seq_len", "num_actual_tokens"])
+def test_metadata_ints_beyond_32_bits_name_the_field(field):
+    args = dict(query_start_loc=[0, 3, 4], seq_lens=[10, 6], block_table=[[0], [1]],
+                slot_mapping=[7, 8, 9, 21])
+    args[field] = 2**31
+    with raises_naming(field):
+        pagedattn.CommonAttentionMetadata(**args)
+
+
+def test_mla_ints_beyond_32_bits_name_the_field():
+    with raises_naming("num_heads"):
+        pagedattn.MLAAttention(2**31, None, 32, 16, 32, None, 64, None, dtype="float32")
+    with raises_naming("block_size"):
+        pagedattn.MLAAttention(4, None, 32, 16, 32, None, 64, None, block_size=2**31,
+                               dtype="float32")
+
+
+# An empty batch (no request, or requests with no new token) is a no-op, whatever strides the
+# (0, H, D) arrays carry (NumPy 2 exports zeros through DLPack).
+@pytest.mark.parametrize("requests", [[], [0, 0]])
+def test_empty_batch_is_a_no_op(rng, requests):
+    layer = pagedattn.Attention(4, 32, None, num_kv_heads=2, dtype="float32")
+    cache = layer.allocate_kv_cache(4)
+    cache[...] = rng.standard_normal(cache.shape).astype(np.float32)
+    before = cache.copy()
+    n = len(requests)
+    common = pagedattn.CommonAttentionMetadata([0] * (n + 1), [3] * n,
+                                               np.zeros((n, 1), np.int32), [])
+    md = layer.metadata_builder().build(common)
+    q = np.empty((0, 4, 32), np.float32)
+    k = np.empty((0, 2, 32), np.float32)
+    v = np.empty((0, 2, 32), np.float32)
+    zero_strides = np.lib.stride_tricks.as_strided(q, strides=(0, 0, 0))
+    for query in (q, zero_strides):
+        out, lse = layer.forward(query, k, v, cache, md, return_lse=True)
+        assert out.shape == (0, 4, 32) and lse.shape == (4, 0)
+    out = np.empty((0, 4, 32), np.float32)
+    assert layer.forward(q, k, v, cache, md, output=np.lib.stride_tricks.as_strided(
+        out, strides=(0, 0, 0), writeable=True)).shape == (0, 4, 32)
+    np.testing.assert_array_equal(cache, before)

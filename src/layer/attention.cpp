@@ -29,13 +29,15 @@ void validate_layer_params(const AttentionLayerParams& p) {
                   p.head_size, " must be > 0");
   PAGEDATTN_CHECK(p.head_size_v >= 0, "head_size_v", "Attention '", layer, "': head_size_v = ",
                   p.head_size_v, " must be > 0 (or 0 = head_size)");
-  PAGEDATTN_CHECK(p.num_kv_heads >= 0, "num_kv_heads", "Attention '", layer, "': num_kv_heads = ",
-                  p.num_kv_heads, " must be > 0 (or 0 = num_heads)");
-  const int kv_heads = p.num_kv_heads > 0 ? p.num_kv_heads : p.num_heads;
+  PAGEDATTN_CHECK(p.num_kv_heads.value_or(1) > 0, "num_kv_heads", "Attention '", layer,
+                  "': num_kv_heads = ", p.num_kv_heads.value_or(0),
+                  " must be > 0 (or unset = num_heads)");
+  const int kv_heads = p.num_kv_heads.value_or(p.num_heads);
   PAGEDATTN_CHECK(p.num_heads % kv_heads == 0, "num_kv_heads", "Attention '", layer,
                   "': num_kv_heads = ", kv_heads, " must divide num_heads = ", p.num_heads);
-  PAGEDATTN_CHECK(std::isfinite(p.scale) && p.scale >= 0.f, "scale", "Attention '", layer,
-                  "': scale = ", p.scale, " must be a finite value > 0 (or 0 = head_size^-0.5)");
+  PAGEDATTN_CHECK(!p.scale || (std::isfinite(*p.scale) && *p.scale > 0.f), "scale", "Attention '",
+                  layer, "': scale = ", p.scale.value_or(0.f),
+                  " must be a finite value > 0 (or unset = head_size^-0.5)");
   PAGEDATTN_CHECK(p.alibi_slopes.empty() ||
                       static_cast<int>(p.alibi_slopes.size()) == p.num_heads,
                   "alibi_slopes", "Attention '", layer, "': alibi_slopes has ",
@@ -100,8 +102,8 @@ AttentionImplParams make_impl_params(const AttentionLayerParams& p) {
   ip.num_heads = p.num_heads;
   ip.head_size = p.head_size;
   ip.head_size_v = p.head_size_v;
-  ip.scale = p.scale;
-  ip.num_kv_heads = p.num_kv_heads > 0 ? p.num_kv_heads : p.num_heads;
+  ip.scale = *p.scale;  // resolved by the constructor
+  ip.num_kv_heads = *p.num_kv_heads;
   ip.alibi_slopes = p.alibi_slopes;
   ip.sliding_window = p.sliding_window;
   ip.kv_cache_dtype = p.kv_cache_dtype;
@@ -119,7 +121,8 @@ AttentionImplParams make_impl_params(const AttentionLayerParams& p) {
 
 Attention::Attention(AttentionLayerParams params) : params_(std::move(params)) {
   validate_layer_params(params_);
-  if (params_.scale == 0.f) params_.scale = 1.f / std::sqrt(static_cast<float>(params_.head_size));
+  if (!params_.scale) params_.scale = 1.f / std::sqrt(static_cast<float>(params_.head_size));
+  if (!params_.num_kv_heads) params_.num_kv_heads = params_.num_heads;
   backend_ = &get_attn_backend(selector_config(), params_.backend);
   impl_ = backend_->make_impl(make_impl_params(params_));
   PAGEDATTN_CHECK(impl_ != nullptr, "backend", "Attention '", params_.prefix, "': backend ",
@@ -154,7 +157,7 @@ KVCacheSpec Attention::kv_cache_spec() const {
                   "': attn_type=", attention_type_name(params_.attn_type),
                   " layers have no KV cache, so no kv_cache_spec (skip them when allocating caches)");
   const int block_size = params_.block_size;
-  const int kv_heads = params_.num_kv_heads > 0 ? params_.num_kv_heads : params_.num_heads;
+  const int kv_heads = *params_.num_kv_heads;
   const int head_size = params_.head_size;
   const int head_size_v = params_.head_size_v == head_size ? 0 : params_.head_size_v;
   const DType dtype = kv_cache_storage_dtype();
@@ -183,7 +186,7 @@ BuilderConfig Attention::builder_config(int max_num_seqs, int max_num_batched_to
                   "': max_model_len = ", max_model_len, " must be > 0");
   BuilderConfig c;
   c.num_heads = params_.num_heads;
-  c.num_kv_heads = params_.num_kv_heads > 0 ? params_.num_kv_heads : params_.num_heads;
+  c.num_kv_heads = *params_.num_kv_heads;
   c.head_size = params_.head_size;
   c.head_size_v = params_.head_size_v > 0 ? params_.head_size_v : params_.head_size;
   c.max_num_seqs = max_num_seqs;
@@ -200,7 +203,7 @@ Tensor Attention::allocate_kv_cache(int64_t num_blocks) const {
   PAGEDATTN_CHECK(uses_kv_cache(params_.attn_type), "attn_type", "Attention '", params_.prefix,
                   "': attn_type=", attention_type_name(params_.attn_type),
                   " layers have no KV cache to allocate");
-  const int kv_heads = params_.num_kv_heads > 0 ? params_.num_kv_heads : params_.num_heads;
+  const int kv_heads = *params_.num_kv_heads;
   const int head_size_v = params_.head_size_v > 0 ? params_.head_size_v : params_.head_size;
   return backend_->allocate_kv_cache(num_blocks, params_.block_size, kv_heads,
                                      std::max(params_.head_size, head_size_v),
@@ -214,7 +217,7 @@ void Attention::forward(const TensorView& query, const TensorView& key, const Te
   // Checks below build their message only on failure: the success path allocates nothing.
   const std::string& layer = params_.prefix;
   const int64_t hq = params_.num_heads;
-  const int64_t hkv = params_.num_kv_heads > 0 ? params_.num_kv_heads : params_.num_heads;
+  const int64_t hkv = *params_.num_kv_heads;
   const int64_t d = params_.head_size;
   const int64_t dv = params_.head_size_v > 0 ? params_.head_size_v : params_.head_size;
   const DType dtype = params_.dtype;

@@ -55,7 +55,7 @@ std::map<std::string, PerLayerParameters> get_per_layer_parameters(
     PerLayerParameters params;
     params.window_left = p.sliding_window ? *p.sliding_window - 1 : -1;
     params.logits_soft_cap = p.logits_soft_cap;
-    params.sm_scale = p.scale;  // the constructor resolved 0 to head_size^-0.5
+    params.sm_scale = *p.scale;  // the constructor resolved an unset scale to head_size^-0.5
     const bool inserted = per_layer.emplace(layer->name(), params).second;
     PAGEDATTN_CHECK(inserted, "layers", "get_per_layer_parameters: layers[", i,
                     "] is named '", layer->name(), "' like an earlier layer (names must be unique)");

@@ -30,8 +30,9 @@ void validate_mla_layer_params(const MLAAttentionLayerParams& p) {
                   ", expected qk_nope_head_dim + qk_rope_head_dim = ",
                   p.qk_nope_head_dim + p.qk_rope_head_dim);
   if (p.q_lora_rank) positive(*p.q_lora_rank, "q_lora_rank");
-  PAGEDATTN_CHECK(std::isfinite(p.scale) && p.scale >= 0.f, "scale", "MLAAttention '", layer,
-                  "': scale = ", p.scale, " must be a finite value > 0 (or 0 = qk_head_dim^-0.5)");
+  PAGEDATTN_CHECK(!p.scale || (std::isfinite(*p.scale) && *p.scale > 0.f), "scale",
+                  "MLAAttention '", layer, "': scale = ", p.scale.value_or(0.f),
+                  " must be a finite value > 0 (or unset = qk_head_dim^-0.5)");
   validate_kv_cache_dtype(p.kv_cache_dtype);
   PAGEDATTN_CHECK(p.dtype == DType::f32 || p.dtype == DType::f16 || p.dtype == DType::bf16,
                   "dtype", "MLAAttention '", layer, "': dtype = ", dtype_name(p.dtype),
@@ -49,7 +50,7 @@ void validate_mla_layer_params(const MLAAttentionLayerParams& p) {
 
 MLAAttention::MLAAttention(MLAAttentionLayerParams params) : params_(std::move(params)) {
   validate_mla_layer_params(params_);
-  if (params_.scale == 0.f) {
+  if (!params_.scale) {
     params_.scale = 1.f / std::sqrt(static_cast<float>(params_.qk_head_dim));
   }
   backend_ = &get_attn_backend(selector_config(), params_.backend);
@@ -59,7 +60,7 @@ MLAAttention::MLAAttention(MLAAttentionLayerParams params) : params_(std::move(p
                   "make_mla_impl)");
   MLAImplParams ip;
   ip.num_heads = params_.num_heads;
-  ip.scale = params_.scale;
+  ip.scale = *params_.scale;
   ip.dims = params_.dims();
   ip.q_lora_rank = params_.q_lora_rank;
   ip.kv_cache_dtype = params_.kv_cache_dtype;

@@ -42,13 +42,34 @@ void expect_param_error(const std::function<void(AttentionLayerParams&)>& edit,
 TEST(AttentionLayer, ValidParamsConstruct) {
   const Attention layer(valid_params());
   EXPECT_EQ(layer.name(), "model.layers.0.self_attn.attn");
-  EXPECT_FLOAT_EQ(layer.params().scale, 1.f / std::sqrt(32.f));
+  EXPECT_FLOAT_EQ(layer.params().scale.value(), 1.f / std::sqrt(32.f));
 }
 
 TEST(AttentionLayer, ExplicitScaleIsKept) {
   AttentionLayerParams p = valid_params();
   p.scale = 0.125f;
   EXPECT_EQ(Attention(p).params().scale, 0.125f);
+}
+
+// Unset scale / num_kv_heads take vLLM's defaults (resolved in params()); an explicit 0 is an
+// Error naming the argument (it used to mean "default" silently), as in Python.
+TEST(AttentionLayer, UnsetMeansDefaultAndZeroIsAnError) {
+  AttentionLayerParams p = valid_params();
+  p.num_kv_heads.reset();
+  const Attention mha(p);
+  EXPECT_EQ(mha.params().num_kv_heads, 8);
+  EXPECT_EQ(mha.kv_cache_spec().num_kv_heads, 8);
+  expect_param_error([](auto& q) { q.scale = 0.f; }, "scale");
+  expect_param_error([](auto& q) { q.scale = -0.f; }, "scale");
+  expect_param_error([](auto& q) { q.num_kv_heads = 0; }, "num_kv_heads");
+  try {
+    AttentionLayerParams q = valid_params();
+    q.scale = 0.f;
+    Attention layer(q);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scale = 0 must be a finite value > 0"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(AttentionLayer, ConstructionErrorsNameTheArgument) {

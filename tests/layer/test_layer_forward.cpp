@@ -67,7 +67,7 @@ struct Step {
 Step make_step(const Attention& layer, const Tensor& kv_cache, std::vector<int> num_computed,
                std::vector<int> query_lens, std::mt19937& rng) {
   const AttentionLayerParams& p = layer.params();
-  const int hq = p.num_heads, hkv = p.num_kv_heads > 0 ? p.num_kv_heads : p.num_heads;
+  const int hq = p.num_heads, hkv = *p.num_kv_heads;  // resolved by the layer
   const int d = p.head_size, dv = p.head_size_v > 0 ? p.head_size_v : p.head_size;
   Step s;
   s.num_computed = std::move(num_computed);
@@ -136,7 +136,7 @@ Step make_step(const Attention& layer, const Tensor& kv_cache, std::vector<int> 
 void naive_attention(const Attention& layer, const Step& s, std::vector<double>& out,
                      std::vector<double>& lse) {
   const AttentionLayerParams& p = layer.params();
-  const int hq = p.num_heads, hkv = p.num_kv_heads > 0 ? p.num_kv_heads : p.num_heads;
+  const int hq = p.num_heads, hkv = *p.num_kv_heads;  // resolved by the layer
   const int d = p.head_size, dv = p.head_size_v > 0 ? p.head_size_v : p.head_size;
   const int total = static_cast<int>(s.query.shape()[0]);
   out.assign(static_cast<size_t>(total) * hq * dv, 0.0);
@@ -155,7 +155,7 @@ void naive_attention(const Attention& layer, const Step& s, std::vector<double>&
             dot += load_f64(s.query.data(), p.dtype, (static_cast<int64_t>(row) * hq + h) * d + e) *
                    load_f64(s.full_k[r].data(), p.dtype, (static_cast<int64_t>(j) * hkv + kvh) * d + e);
           }
-          logits[j] = dot * p.scale;
+          logits[j] = dot * *p.scale;
           m = std::max(m, logits[j]);
         }
         double sum = 0;
@@ -404,7 +404,7 @@ TEST(ForwardContext, EncoderOnlyLayerNeedsNoCache) {
             dot += static_cast<double>(q.data_as<float>()[((start + i) * 4 + h) * 16 + e]) *
                    k.data_as<float>()[((start + j) * 2 + kvh) * 16 + e];
           }
-          w[j] = dot * layer.params().scale;
+          w[j] = dot * *layer.params().scale;
           m = std::max(m, w[j]);
         }
         for (double& x : w) sum += (x = std::exp(x - m));

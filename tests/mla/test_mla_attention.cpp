@@ -429,7 +429,7 @@ MLAAttentionLayerParams small_layer() {
 TEST(MLALayer, SelectsAnMLABackendAndReportsItsSpec) {
   MLAAttention layer(small_layer());
   EXPECT_NE(layer.backend().as_mla(), nullptr);
-  EXPECT_FLOAT_EQ(layer.params().scale, 1.f / std::sqrt(48.f));
+  EXPECT_FLOAT_EQ(layer.params().scale.value(), 1.f / std::sqrt(48.f));
   EXPECT_EQ(layer.kv_cache_spec(), mla_attention_spec(16, {64, 32, 16, 32}, DType::f32));
   const SelectorConfig sc = layer.selector_config();
   EXPECT_TRUE(sc.use_mla);
@@ -466,6 +466,8 @@ TEST(MLALayer, ParameterErrorsNameTheArgument) {
   p = small_layer();
   p.scale = std::nanf("");
   expect_error([&] { MLAAttention l(p); }, "scale");
+  p.scale = 0.f;  // unset means qk_head_dim^-0.5; an explicit 0 is an error (as in Python)
+  expect_error([&] { MLAAttention l(p); }, "scale", "scale = 0");
   p = small_layer();
   p.backend = "REFERENCE";  // a standard backend refuses use_mla
   expect_error([&] { MLAAttention l(p); }, "backend", "use_mla");

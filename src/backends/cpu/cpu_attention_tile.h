@@ -8,7 +8,9 @@
 //     s_j   = scale * k_scale * (q . k_j)            keys j of the item's key range(s)
 //     s_j   = cap * tanh(s_j / cap)                  (soft-cap, when set)
 //     s_j  -= slope_h * |q_pos - j|                  (ALiBi, canonical form)
-//     s_j   = -inf outside [lo, hi)                  (causal / sliding window / sequence end)
+//     s_j   = -inf outside [lo, hi)                  (causal / sliding window / sequence end;
+//                                                     selected, and the K/V of keys no row of a
+//                                                     tile sees are never read: see chunk_rows)
 //     out   = v_scale * sum_j e^{s_j - m} v_j / (sum_j e^{s_j - m} + e^{sink_h - m}),
 //     lse   = m + log(denominator)                   (natural log)
 // with an online softmax (running max m, running sum l, O rescaled by e^{m_old - m_new}; Ops
@@ -47,6 +49,7 @@
 
 #include "cpu_convert.h"
 #include "cpu_kernels.h"
+#include "cpu_kv_rows.h"
 
 namespace pagedattn::cpu {
 namespace {
@@ -139,56 +142,38 @@ struct ItemContext {
   float* temp;
 };
 
-inline size_t elem_bytes(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return 4;
-    case DType::f16:
-    case DType::bf16: return 2;
-    default: return 1;
-  }
-}
-
-// Address of key `key` (position within request `req`) of KV head `g` in the K (value=false)
-// or V source.
 inline const char* kv_row(const ItemContext& c, bool value, int req, int key) {
-  const KvSource& kv = c.args->kv;
-  const char* base = static_cast<const char*>(value ? kv.value : kv.key);
-  const int64_t token_stride = value ? kv.v_token_stride : kv.k_token_stride;
-  const int64_t head_stride = value ? kv.v_head_stride : kv.k_head_stride;
-  int64_t offset;
-  if (kv.paged) {
-    const int64_t block = kv.block_table[req * kv.block_table_stride + key / kv.block_size];
-    const int64_t block_stride = value ? kv.v_block_stride : kv.k_block_stride;
-    offset = block * block_stride + (key % kv.block_size) * token_stride;
-  } else {
-    const int32_t* starts = kv.key_start_loc != nullptr ? kv.key_start_loc : c.args->query_start_loc;
-    offset = (static_cast<int64_t>(starts[req]) + key) * token_stride;
-  }
-  offset += static_cast<int64_t>(c.kv_head) * head_stride;
-  return base + offset * static_cast<int64_t>(c.kv_elem_bytes);
+  return kv_row_of(*c.args, c.kv_head, value, req, key);
 }
 
 // Rows of chunk `chunk` (keys t0 + 16*chunk ...) of a tile with n live keys; dead rows -> zeros.
-// With a block size that is a multiple of 16 the chunk lies in one page (one block lookup);
-// otherwise every row looks its block up.
+// Keys outside [key_lo, key_hi) are dead too: keys that none of the tile's rows can see are never
+// read, so whatever their slots hold (NaN included) cannot reach the output (P = 0 would not
+// stop it: 0 * NaN = NaN). With a block size that is a multiple of 16 the chunk lies in one page
+// (one block lookup); otherwise every row looks its block up.
 inline void chunk_rows(const ItemContext& c, bool value, int req, int t0, int n, int chunk,
-                       const char* rows[16]) {
+                       const char* rows[16], int key_lo = 0, int key_hi = 0x7FFFFFFF) {
   const int j0 = chunk * 16;
-  const int live = imin(16, n - j0);
+  const int k0 = t0 + j0;
+  const int lead = imax(0, imin(16, key_lo - k0));
+  const int live = imin(imin(16, n - j0), key_hi - k0);
   const char* zero = reinterpret_cast<const char*>(kZeroRow);
-  if (live <= 0) {
+  if (live <= lead) {
     for (int i = 0; i < 16; ++i) rows[i] = zero;
     return;
   }
   const KvSource& kv = c.args->kv;
   if (kv.paged && kv.block_size % 16 != 0) {
-    for (int i = 0; i < 16; ++i) rows[i] = i < live ? kv_row(c, value, req, t0 + j0 + i) : zero;
+    for (int i = 0; i < 16; ++i) {
+      rows[i] = i >= lead && i < live ? kv_row(c, value, req, k0 + i) : zero;
+    }
     return;
   }
-  const char* first = kv_row(c, value, req, t0 + j0);
+  // k0 shares its page with the live keys (the chunk is 16-aligned, so it lies in one page).
+  const char* first = kv_row(c, value, req, k0);
   const int64_t stride =
       (value ? kv.v_token_stride : kv.k_token_stride) * static_cast<int64_t>(c.kv_elem_bytes);
-  for (int i = 0; i < 16; ++i) rows[i] = i < live ? first + i * stride : zero;
+  for (int i = 0; i < 16; ++i) rows[i] = i >= lead && i < live ? first + i * stride : zero;
 }
 
 // ---- output ------------------------------------------------------------------------------------
@@ -378,10 +363,11 @@ __attribute__((always_inline)) inline void prefetch_rows(const char* const rows[
   }
 }
 
-// Packs the K (value=false) or V tile of keys [t0, t0 + n) and prefetches the same chunk of the
-// next tile [t0 + 64, t0 + 64 + next_n) while doing so.
+// Packs the K (value=false) or V tile of keys [t0, t0 + n) (keys outside [key_lo, key_hi) as
+// zeros) and prefetches the same chunk of the next tile [t0 + 64, t0 + 64 + next_n) meanwhile.
 template <class Ops>
-inline void pack_kv_tile(const ItemContext& c, bool value, int req, int t0, int n, int next_n) {
+inline void pack_kv_tile(const ItemContext& c, bool value, int req, int t0, int n, int next_n,
+                         int key_lo, int key_hi) {
   const char* rows[16];
   const char* next_rows[16];
   const size_t row_bytes =
@@ -391,7 +377,7 @@ inline void pack_kv_tile(const ItemContext& c, bool value, int req, int t0, int 
       chunk_rows(c, value, req, t0 + kKeyTile, next_n, chunk, next_rows);
       prefetch_rows(next_rows, row_bytes, c.prefetch_to_l2);
     }
-    chunk_rows(c, value, req, t0, n, chunk, rows);
+    chunk_rows(c, value, req, t0, n, chunk, rows, key_lo, key_hi);
     if (value) {
       Ops::pack_v_chunk(c.v, chunk * 16, rows, c.args->kv.dtype, c.head_size_v, c.temp);
     } else {
@@ -425,17 +411,48 @@ inline void attend_range(ItemContext& c, int req, int kb, int ke, int ra, int rb
     while (r1 > r0 && (c.hi[r1 - 1] <= tile_lo || c.lo[r1 - 1] >= t0 + n)) --r1;
     if (r0 >= r1) continue;
     const int next_n = imin(kKeyTile, end - (t0 + kKeyTile));
+    // Keys of the tile that some row of [r0, r1) sees: [any_lo, any_hi); that every row sees:
+    // [all_lo, all_hi). Only the first are read; the others ("ragged": the causal diagonal of a
+    // prefill or spec decode, the per-token window edge) are checked for NaN / inf values below.
+    const int key_lo = imax(t0, begin), key_hi = imin(t0 + n, end);
+    int any_lo = c.lo[r0], any_hi = c.hi[r0], all_lo = c.lo[r0], all_hi = c.hi[r0];
+    for (int i = r0 + 1; i < r1; ++i) {
+      any_lo = imin(any_lo, c.lo[i]);
+      any_hi = imax(any_hi, c.hi[i]);
+      all_lo = imax(all_lo, c.lo[i]);
+      all_hi = imin(all_hi, c.hi[i]);
+    }
+    any_lo = imax(any_lo, key_lo);
+    any_hi = imin(any_hi, key_hi);
+    all_lo = imax(all_lo, any_lo);
+    all_hi = imin(all_hi, any_hi);
+    if (all_hi <= all_lo) all_lo = all_hi = any_hi;  // no key seen by every row
     for (int b = 0; b < head_blocks; ++b) {
       if (head_blocks > 1) {
         c.kv_head = first_kv_head + b;
         c.logit_scale = c.args->scale * kv_key_scale(*c.args, c.kv_head);
       }
       const int b0 = r0 + b * rows_per_head, b1 = r1 + b * rows_per_head;
-      pack_kv_tile<Ops>(c, false, req, t0, n, next_n);
+      pack_kv_tile<Ops>(c, false, req, t0, n, next_n, any_lo, any_hi);
       Ops::qk(c.s, c.q, c.k, b0, b1, c.head_size);
       softmax_tile<Ops>(c, b0, b1, t0, n, begin, end);
-      pack_kv_tile<Ops>(c, true, req, t0, n, next_n);
-      Ops::pv(c.o, c.p, c.v, c.alpha, b0, b1, c.head_size_v);
+      pack_kv_tile<Ops>(c, true, req, t0, n, next_n, any_lo, any_hi);
+      const bool ragged_non_finite =
+          values_non_finite(*c.args, req, c.kv_head, 1, any_lo, all_lo) ||
+          values_non_finite(*c.args, req, c.kv_head, 1, all_hi, any_hi);
+      if (!ragged_non_finite) {
+        Ops::pv(c.o, c.p, c.v, c.alpha, b0, b1, c.head_size_v);
+        continue;
+      }
+      // Rare: a key that only some rows see has a NaN / inf value. P·V one token at a time (rows
+      // with the same mask are consecutive), each with a V tile of the keys it sees only.
+      for (int g0 = b0; g0 < b1;) {
+        int g1 = g0 + 1;
+        while (g1 < b1 && c.lo[g1] == c.lo[g0] && c.hi[g1] == c.hi[g0]) ++g1;
+        pack_kv_tile<Ops>(c, true, req, t0, n, 0, imax(c.lo[g0], any_lo), imin(c.hi[g0], any_hi));
+        Ops::pv(c.o, c.p, c.v, c.alpha, g0, g1, c.head_size_v);
+        g0 = g1;
+      }
     }
   }
 }

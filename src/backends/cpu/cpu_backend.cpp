@@ -1,7 +1,8 @@
 // The CPU backend object (capabilities, selector reasons) and its impl: argument checks, the KV
 // cache write (reshape_and_cache_flash on the standard NHD / HND layouts) and forward, which
 // turns the plan built by cpu_plan.cpp into kernel arguments and runs it on the ISA chosen by
-// cpu_dispatch.cpp. forward allocates nothing: every buffer comes from the builder's workspace.
+// cpu_dispatch.cpp. forward allocates nothing in the common case: its buffers are a set leased
+// from the builder's workspace pool (a new set only while forwards overlap: cpu_internal.h).
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -334,7 +335,7 @@ void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& quer
 
   // -- kernel arguments (no allocation) --
   const KernelTable& kernels = active_kernels();
-  const CpuWorkspace& ws = *md.workspace;
+  CpuWorkspace& ws = *md.workspace;  // shared_ptr to non-const: the pool hands out sets
   AttentionArgs args;
   args.query = query.data();
   args.q_stride_t = query.stride(0);
@@ -405,11 +406,14 @@ void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& quer
   args.query_start_loc = md.query_start_loc.data();
   args.seq_lens = md.seq_lens.data();
   args.first_query_pos = md.first_query_pos.data();
+  // This call's own scratch and partial rows: concurrent forwards (other plans of the builder, or
+  // this plan on another thread) hold other sets. Allocates only when forwards overlap.
+  const auto buffers = ws.buffers.acquire();
   args.max_rows = ws.max_rows;
-  args.scratch = static_cast<char*>(ws.scratch.data());
+  args.scratch = static_cast<char*>(buffers->scratch.data());
   args.scratch_stride = ws.scratch_stride;
-  args.partial_o = ws.partial_o.defined() ? ws.partial_o.data_as<float>() : nullptr;
-  args.partial_ml = ws.partial_ml.defined() ? ws.partial_ml.data_as<float>() : nullptr;
+  args.partial_o = buffers->partial_o.defined() ? buffers->partial_o.data_as<float>() : nullptr;
+  args.partial_ml = buffers->partial_ml.defined() ? buffers->partial_ml.data_as<float>() : nullptr;
   args.partial_o_stride = ws.partial_o_stride;
   execute_plan(md, args, kernels);
 }

@@ -71,6 +71,37 @@ inline bool direct_decode_dense(int64_t token_stride, int64_t head_stride, int d
   return (head_stride == d && token_stride == static_cast<int64_t>(heads) * d) || token_stride == d;
 }
 
+// Whether the keys this item reads but some of its rows cannot see hold a NaN or infinite value:
+// the keys of the first 16-key chunk before the first visible one (a sliding window's start) and,
+// for several query tokens, the keys seen by some tokens only (causal ends, window starts). The
+// kernel multiplies their V rows by P = 0, which keeps NaN (0 * NaN); such items (rare) take the
+// tile kernel, which gives those rows V tiles without them (cpu_attention_tile.h).
+inline bool direct_decode_reads_masked_non_finite(const AttentionArgs& a, const WorkItem& it) {
+  const int r = it.req_begin;
+  const int q_first = a.query_start_loc[r];
+  const int kv_len = a.seq_lens[r];
+  int min_lo = kv_len, max_lo = 0, min_hi = kv_len, max_hi = 0;
+  for (int t = it.tok_begin; t < it.tok_end; ++t) {  // as setup_item_rows
+    const int pos = a.first_query_pos[r] + (t - q_first);
+    int lo = 0;
+    int hi = a.causal ? imin(kv_len, pos + 1) : kv_len;
+    if (a.window > 0) {
+      lo = imax(0, pos - (a.window - 1));
+      if (a.window_symmetric) hi = imin(hi, pos + a.window);
+    }
+    min_lo = imin(min_lo, lo);
+    max_lo = imax(max_lo, lo);
+    min_hi = imin(min_hi, hi);
+    max_hi = imax(max_hi, hi);
+  }
+  const int begin = imax(it.kv_begin, min_lo), end = imin(it.kv_end, max_hi);
+  if (begin >= end) return false;
+  const int first = begin & ~(kDirectChunk - 1);
+  const int heads = it.num_kv_heads;
+  return values_non_finite(a, r, it.kv_head, heads, first, imin(imax(max_lo, begin), end)) ||
+         values_non_finite(a, r, it.kv_head, heads, imax(min_hi, begin), end);
+}
+
 // Whether the direct decode kernel runs this item (see the file comment).
 inline bool direct_decode_applies(const AttentionArgs& a, const WorkItem& it) {
   return a.direct_decode && it.num_kv_heads > 1 && it.partial_base < 0 && it.prefix_len == 0 &&
@@ -80,7 +111,8 @@ inline bool direct_decode_applies(const AttentionArgs& a, const WorkItem& it) {
          a.head_size % 32 == 0 &&
          direct_decode_dense(a.kv.k_token_stride, a.kv.k_head_stride, a.head_size,
                              it.num_kv_heads) &&
-         direct_decode_dense(a.kv.v_token_stride, a.kv.v_head_stride, a.head_size, it.num_kv_heads);
+         direct_decode_dense(a.kv.v_token_stride, a.kv.v_head_stride, a.head_size, it.num_kv_heads) &&
+         !direct_decode_reads_masked_non_finite(a, it);
 }
 
 inline __m512bh as_bh(__m512i x) {

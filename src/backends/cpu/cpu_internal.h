@@ -11,6 +11,7 @@
 
 #include "cpu_kernels.h"
 #include "../host_backend_common.h"
+#include "../run_buffer_pool.h"
 #include "pagedattn/backend.h"
 #include "pagedattn/tensor.h"
 
@@ -30,18 +31,32 @@ inline constexpr int kItemsPerThread = 4;
 // takes precedence over both.
 int resolve_num_threads(int configured);
 
-// Per-builder memory, allocated once at construction and shared by the plans it builds.
+// The buffers one forward writes: per-thread tile scratch and split-KV partial rows.
+struct CpuRunBuffers {
+  Tensor scratch;     // (num_threads * scratch_stride,) u8
+  Tensor partial_o;   // (partial_capacity_rows, partial_o_stride) f32; undefined when 0 rows
+  Tensor partial_ml;  // (partial_capacity_rows, 2) f32: running max, sum
+  size_t bytes() const { return scratch.nbytes() + partial_o.nbytes() + partial_ml.nbytes(); }
+};
+
+// Allocates one CpuRunBuffers (shared by the CPU and CPU_MLA workspaces).
+std::unique_ptr<CpuRunBuffers> make_run_buffers(int num_threads, size_t scratch_stride,
+                                                int64_t partial_rows, int64_t partial_o_stride);
+
+// Per-builder state shared by the plans it builds: the sizes, fixed at construction, and a pool
+// of run buffers (run_buffer_pool.h): each forward leases one set, so plans of one builder (or
+// one plan) can run on several threads at once; a second set is made only when forwards really
+// overlap. Plans hold it by shared_ptr: a plan stays usable after later builds and after its
+// builder is destroyed.
 struct CpuWorkspace {
   int num_threads = 1;
   int max_rows = kMaxItemRows;
   int head_size = 0, head_size_v = 0;
   size_t scratch_stride = 0;          // bytes per thread, multiple of 64
-  Tensor scratch;                     // (num_threads * scratch_stride,) u8
   int64_t partial_capacity_rows = 0;  // split-KV partial rows available
   int64_t partial_o_stride = 0;       // floats per partial row (Dv rounded up to 16)
-  Tensor partial_o;                   // (partial_capacity_rows, partial_o_stride) f32
-  Tensor partial_ml;                  // (partial_capacity_rows, 2) f32
-  size_t bytes() const;
+  host::RunBufferPool<CpuRunBuffers> buffers;
+  size_t bytes() const { return buffers.bytes(); }
 };
 
 // The plan: every host array the run needs is copied here by build().
@@ -101,7 +116,8 @@ class CpuAttentionImpl final : public AttentionImpl {
 // Throws Error naming the offending parameter when the CPU backend cannot run `params`.
 void check_impl_params(const AttentionImplParams& params);
 
-// Runs a plan's items then its merges on the plan's threads (OpenMP).
+// Runs a plan's items then its merges on the plan's threads (OpenMP), with the scratch and
+// partial rows of `args` (a leased CpuRunBuffers).
 void execute_plan(const CpuAttentionMetadata& md, const AttentionArgs& args,
                   const KernelTable& kernels);
 

@@ -49,10 +49,6 @@
 namespace pagedattn {
 namespace cpu {
 
-size_t CpuMlaDecodeWorkspace::bytes() const {
-  return scratch.nbytes() + partial_o.nbytes() + partial_ml.nbytes();
-}
-
 namespace {
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -75,16 +71,17 @@ std::shared_ptr<CpuMlaDecodeWorkspace> make_mla_decode_workspace(int num_threads
   ws->head_size_v = dims.kv_lora_rank;
   ws->scratch_stride = (thread_scratch_bytes(ws->head_size, ws->head_size_v, ws->max_rows) + 63) &
                        ~static_cast<size_t>(63);
-  ws->scratch = Tensor(Shape{static_cast<int64_t>(ws->scratch_stride) * ws->num_threads}, DType::u8);
   // Splits exist only while decode tokens < target = kItemsPerThread * threads; each token then
   // gets <= cdiv(target, tokens) splits, < 2 * target splits in all, H partial rows each.
   if (ws->num_threads > 1) {
     ws->partial_capacity_rows =
         2 * static_cast<int64_t>(kItemsPerThread) * ws->num_threads * num_heads;
     ws->partial_o_stride = (ws->head_size_v + 15) / 16 * 16;
-    ws->partial_o = Tensor(Shape{ws->partial_capacity_rows, ws->partial_o_stride}, DType::f32);
-    ws->partial_ml = Tensor(Shape{ws->partial_capacity_rows, 2}, DType::f32);
   }
+  ws->buffers.start([threads = ws->num_threads, stride = ws->scratch_stride,
+                     rows = ws->partial_capacity_rows, row_floats = ws->partial_o_stride] {
+    return make_run_buffers(threads, stride, rows, row_floats);
+  });
   return ws;
 }
 
@@ -157,7 +154,7 @@ void run_latent_decode(const CpuMlaMetadata& plan, const TensorView& q_latent,
                        const TensorView& kv_cache, DType activation, float scale, float k_scale,
                        const TensorView& o_latent, const TensorView& lse) {
   if (plan.items.empty()) return;
-  const CpuMlaDecodeWorkspace& ws = *plan.cpu_workspace;
+  CpuMlaDecodeWorkspace& ws = *plan.cpu_workspace;  // shared_ptr to non-const: the pool hands out sets
   const int heads = ws.num_heads;
   const int latent = ws.head_size;
   const int rank = ws.head_size_v;
@@ -204,11 +201,13 @@ void run_latent_decode(const CpuMlaMetadata& plan, const TensorView& q_latent,
   args.query_start_loc = plan.decode_query_start_loc.data();
   args.seq_lens = plan.decode.seq_lens.data();
   args.first_query_pos = plan.decode_first_pos.data();
+  // This decode's own scratch and partial rows (a new set only while decodes overlap).
+  const auto buffers = ws.buffers.acquire();
   args.max_rows = ws.max_rows;
-  args.scratch = static_cast<char*>(ws.scratch.data());
+  args.scratch = static_cast<char*>(buffers->scratch.data());
   args.scratch_stride = ws.scratch_stride;
-  args.partial_o = ws.partial_o.defined() ? ws.partial_o.data_as<float>() : nullptr;
-  args.partial_ml = ws.partial_ml.defined() ? ws.partial_ml.data_as<float>() : nullptr;
+  args.partial_o = buffers->partial_o.defined() ? buffers->partial_o.data_as<float>() : nullptr;
+  args.partial_ml = buffers->partial_ml.defined() ? buffers->partial_ml.data_as<float>() : nullptr;
   args.partial_o_stride = ws.partial_o_stride;
   run_mla_work(plan.items, plan.merges, args, ws.num_threads, kernels);
 }

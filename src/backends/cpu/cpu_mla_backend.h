@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu_internal.h"
 #include "cpu_kernels.h"
 #include "pagedattn/backend.h"
 #include "pagedattn/mla.h"
@@ -21,20 +22,19 @@ const AttentionBackend& cpu_mla_backend();
 
 namespace cpu {
 
-// Decode memory of one builder, allocated once at construction: per-thread tile scratch for
-// head size L + R, value size L and H rows (one decode token), and split-KV partial rows.
+// Decode memory of one builder: the sizes, fixed at construction, and a pool of run buffers
+// (per-thread tile scratch for head size L + R, value size L and H rows, split-KV partial rows)
+// from which each latent decode leases one set (cpu_internal.h, run_buffer_pool.h).
 struct CpuMlaDecodeWorkspace {
   int num_threads = 1;
   int num_heads = 0;
   int max_rows = 0;                   // rows of the largest item = num_heads
   int head_size = 0, head_size_v = 0; // L + R, L
   size_t scratch_stride = 0;          // bytes per thread, multiple of 64
-  Tensor scratch;                     // (num_threads * scratch_stride,) u8
   int64_t partial_capacity_rows = 0;
   int64_t partial_o_stride = 0;       // floats per partial row (L rounded up to 16)
-  Tensor partial_o;                   // (partial_capacity_rows, partial_o_stride) f32
-  Tensor partial_ml;                  // (partial_capacity_rows, 2) f32: running max, sum
-  size_t bytes() const;
+  host::RunBufferPool<CpuRunBuffers> buffers;
+  size_t bytes() const { return buffers.bytes(); }
 };
 
 // The CPU decode plan, computed in build() (decode requests are requests [0, num_decodes)):
@@ -62,7 +62,8 @@ std::shared_ptr<CpuMlaDecodeWorkspace> make_mla_decode_workspace(int num_threads
 // The latent attention of a plan's decode tokens (forward_decode after its checks; also the
 // benchmark's entry): q_latent (Td, H, L + R) in `activation`, kv_cache (num_blocks, block_size,
 // L + R) with keys = rows, values = rows[:L] (fp8: x * k_scale), o_latent (Td, H, L), lse (H, Td)
-// f32 or undefined. Arguments are NOT checked here. Allocates nothing.
+// f32 or undefined. Arguments are NOT checked here. Allocates nothing unless another decode on
+// the same workspace runs at the same time (it leases its own buffers).
 void run_latent_decode(const CpuMlaMetadata& plan, const TensorView& q_latent,
                        const TensorView& kv_cache, DType activation, float scale, float k_scale,
                        const TensorView& o_latent, const TensorView& lse);

@@ -10,8 +10,9 @@
 //   cascade          (common_prefix_len > 0) consecutive requests are grouped (up to max_rows
 //                    rows): one item reads the shared prefix pages ONCE for all rows of its
 //                    group, then each request's own keys, with one online softmax per row.
-// The workspace (per-thread scratch, partial rows) is allocated once by the builder, sized from
-// BuilderConfig; a plan that would need more partial rows than allocated splits less.
+// The workspace (per-thread scratch, partial rows) is sized once by the builder from
+// BuilderConfig, which allocates its first set of run buffers; a plan that would need more
+// partial rows than a set has splits less. Each forward leases a set (cpu_internal.h).
 #include <omp.h>
 
 #include <algorithm>
@@ -60,8 +61,15 @@ int resolve_num_threads(int configured) {
   return std::max(1, omp_get_max_threads());
 }
 
-size_t CpuWorkspace::bytes() const {
-  return scratch.nbytes() + partial_o.nbytes() + partial_ml.nbytes();
+std::unique_ptr<CpuRunBuffers> make_run_buffers(int num_threads, size_t scratch_stride,
+                                                int64_t partial_rows, int64_t partial_o_stride) {
+  auto buffers = std::make_unique<CpuRunBuffers>();
+  buffers->scratch = Tensor(Shape{static_cast<int64_t>(scratch_stride) * num_threads}, DType::u8);
+  if (partial_rows > 0) {
+    buffers->partial_o = Tensor(Shape{partial_rows, partial_o_stride}, DType::f32);
+    buffers->partial_ml = Tensor(Shape{partial_rows, 2}, DType::f32);
+  }
+  return buffers;
 }
 
 // ---- builder ------------------------------------------------------------------------------------
@@ -98,7 +106,6 @@ CpuMetadataBuilder::CpuMetadataBuilder(KVCacheSpec spec, BuilderConfig config)
   ws->head_size_v = config_.head_size_v;
   ws->scratch_stride = (thread_scratch_bytes(ws->head_size, ws->head_size_v, ws->max_rows) + 63) &
                        ~static_cast<size_t>(63);
-  ws->scratch = Tensor(Shape{static_cast<int64_t>(ws->scratch_stride) * ws->num_threads}, DType::u8);
   // Split-KV partials: splits only exist while items < kItemsPerThread * threads, so at most
   // 2 * target groups of <= kMaxSplitQueryLen * G rows each (see cpu_plan.cpp header).
   if (ws->num_threads > 1) {
@@ -106,10 +113,10 @@ CpuMetadataBuilder::CpuMetadataBuilder(KVCacheSpec spec, BuilderConfig config)
     ws->partial_capacity_rows = 2 * target * kMaxSplitQueryLen * group;
   }
   ws->partial_o_stride = (ws->head_size_v + 15) / 16 * 16;
-  if (ws->partial_capacity_rows > 0) {
-    ws->partial_o = Tensor(Shape{ws->partial_capacity_rows, ws->partial_o_stride}, DType::f32);
-    ws->partial_ml = Tensor(Shape{ws->partial_capacity_rows, 2}, DType::f32);
-  }
+  ws->buffers.start([threads = ws->num_threads, stride = ws->scratch_stride,
+                     rows = ws->partial_capacity_rows, row_floats = ws->partial_o_stride] {
+    return make_run_buffers(threads, stride, rows, row_floats);
+  });
   workspace_ = std::move(ws);
 }
 

@@ -45,11 +45,6 @@ namespace pagedattn::cuda {
 
 inline constexpr std::string_view kBackendName = "CUDA";
 
-// Counts plans; a metadata object remembers the count it was built at.
-struct PlanGeneration {
-  std::atomic<uint64_t> value{0};
-};
-
 struct CudaAttentionMetadata final : AttentionMetadata {
   AttentionType attn_type = AttentionType::decoder;
   bool causal = true;
@@ -74,14 +69,14 @@ struct CudaAttentionMetadata final : AttentionMetadata {
   int64_t block_table_stride = 0;
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
-  // Staleness check.
-  std::shared_ptr<const PlanGeneration> generation_source;
-  uint64_t generation = 0;
+  // AttentionMetadata::stamp: the build() that wrote the workspace this plan reads.
 };
 
 class CudaMetadataBuilder final : public AttentionMetadataBuilder {
  public:
   CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config, Device device);
+  // Its plans read the workspace freed here: they become stale (PlanStamp).
+  ~CudaMetadataBuilder() override { generation_->fetch_add(1); }
 
   std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
                                                  const CommonAttentionMetadata& common,
@@ -117,7 +112,8 @@ class CudaMetadataBuilder final : public AttentionMetadataBuilder {
          partial_out_offset_ = 0, partial_lse_offset_ = 0;
   Tensor workspace_;
   std::vector<uint8_t> staging_;  // host image of header + items + combine items
-  std::shared_ptr<PlanGeneration> generation_ = std::make_shared<PlanGeneration>();
+  // Bumped by every build_plan before it writes the workspace, and by the destructor.
+  std::shared_ptr<std::atomic<uint64_t>> generation_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 class CudaAttentionImpl final : public AttentionImpl {

@@ -219,6 +219,9 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   const int prefix = cascade_prefix(common_prefix_len, common, planner.causal);
   const AttentionPlan plan = make_attention_plan(planner, query_start_loc, seq_lens, prefix);
 
+  // Every earlier plan reads the workspace written below: it becomes stale from here on, even
+  // when a copy below fails.
+  const PlanStamp stamp{generation_, generation_->fetch_add(1) + 1};
   // Host image of header + items + combine items; two async copies (no sync: pageable memory
   // is staged before cudaMemcpyAsync returns).
   PlanHeader header{};
@@ -300,8 +303,7 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   md->block_table_stride = max_block_table_cols_;
   md->partial_out = reinterpret_cast<float*>(ws + partial_out_offset_);
   md->partial_lse = reinterpret_cast<float*>(ws + partial_lse_offset_);
-  md->generation = generation_->value.fetch_add(1) + 1;
-  md->generation_source = generation_;
+  md->stamp = stamp;
   return md;
 }
 

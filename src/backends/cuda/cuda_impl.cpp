@@ -92,9 +92,9 @@ const CudaAttentionMetadata& CudaAttentionImpl::checked_metadata(const Attention
                                                                  std::string_view entry) const {
   const auto* md = dynamic_cast<const CudaAttentionMetadata*>(&metadata);
   PAGEDATTN_CHECK(md != nullptr, "metadata", "CUDA ", entry, ": metadata was not built by the CUDA backend's builder");
-  PAGEDATTN_CHECK(md->generation == md->generation_source->value.load(), "metadata", "CUDA ", entry,
-                  ": metadata is stale (plan ", md->generation, " but its builder has since built plan ",
-                  md->generation_source->value.load(), "): a plan is valid until the next build()");
+  PAGEDATTN_CHECK(md->stamp.current(), "metadata", "CUDA ", entry, ": metadata is stale (plan ",
+                  md->stamp.generation, " but its builder has since built another or been destroyed): a "
+                  "plan is valid until its builder's next build()");
   PAGEDATTN_CHECK(md->attn_type == params_.attn_type, "metadata", "CUDA ", entry,
                   ": metadata was built for attn_type = ", attention_type_name(md->attn_type),
                   " but this layer has attn_type = ", attention_type_name(params_.attn_type));

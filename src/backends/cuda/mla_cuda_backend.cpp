@@ -3,7 +3,9 @@
 // kernel). Plan/run split: build() partitions the decode key ranges on the host and uploads the
 // plan into device arrays allocated at construction (async copy of a staged host image, no
 // sync); forward_decode only launches kernels that read them. A plan is valid until the
-// builder's next build(); forward on an older plan throws.
+// builder's next build() (or its destruction): the shared MLA build stamps every plan
+// (PlanStamp, backend.h) and forward / do_kv_cache_update / forward_decode / the prefill runners
+// throw on an older one.
 #if PAGEDATTN_HAS_CUDA
 
 #include "backends/cuda/mla_cuda_backend.h"
@@ -42,8 +44,6 @@ struct CudaMlaMetadata final : MLAMetadata {
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int num_heads = 0;
-  std::shared_ptr<const std::atomic<uint64_t>> generation_source;
-  uint64_t generation = 0;
 };
 
 class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
@@ -102,9 +102,7 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     m.splits = reinterpret_cast<const md::RequestSplit*>(base + splits_offset_);
     m.partial_out = partial_out_.data_as<float>();
     m.partial_lse = partial_lse_.data_as<float>();
-    m.num_heads = config_.num_heads;
-    m.generation = generation_->fetch_add(1) + 1;
-    m.generation_source = generation_;
+    m.num_heads = config_.num_heads;  // m.stamp: set by MLACommonMetadataBuilder::build
   }
 
  private:
@@ -113,7 +111,6 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
   size_t part_begin_offset_ = 0, segments_offset_ = 0, splits_offset_ = 0;
   Tensor plan_, partial_out_, partial_lse_;
   std::vector<uint8_t> staging_;
-  std::shared_ptr<std::atomic<uint64_t>> generation_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 void check_rows(const TensorView& t, std::string_view argument, int64_t d0, int64_t d1, int64_t d2, DType dtype,
@@ -152,9 +149,10 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
                     const TensorView& lse) const override {
     const auto* m = dynamic_cast<const CudaMlaMetadata*>(&metadata);
     PAGEDATTN_CHECK(m != nullptr, "metadata", kName, " forward_decode: metadata was not built by a ", kName, " builder");
+    PAGEDATTN_CHECK(m->stamp.current(), "metadata", kName,
+                    " forward_decode: the plan is stale (its builder has built a newer one since, or is gone): a "
+                    "plan is valid until the builder's next build()");
     if (m->num_decodes == 0) return;
-    PAGEDATTN_CHECK(m->generation_source && m->generation_source->load() == m->generation, "metadata", kName,
-                    " forward_decode: the plan is stale (the builder has built a newer one since)");
     const int b = m->num_decodes;
     const int h = params_.num_heads;
     PAGEDATTN_CHECK(m->num_heads == h, "metadata", kName, " forward_decode: the plan was built for ", m->num_heads,

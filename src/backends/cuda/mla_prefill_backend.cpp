@@ -102,6 +102,10 @@ class CudaMlaPrefill final : public MLAPrefillBackend {
                     ": prepare_metadata was not called for this step");
     PAGEDATTN_CHECK(prefill_metadata_->query_start_loc_device.device() == Device::cuda, "metadata", "CUDA MLA prefill ",
                     entry, ": the plan's query_start_loc_device is not on cuda");
+    // The plan's device arrays belong to its builder, which overwrites them at its next build().
+    PAGEDATTN_CHECK(prefill_metadata_->stamp.current(), "metadata", "CUDA MLA prefill ", entry,
+                    ": the plan is stale (its builder has built a newer one since, or is gone): a plan is "
+                    "valid until the builder's next build()");
     return *prefill_metadata_;
   }
 

@@ -14,28 +14,25 @@
 // un-absorbed formula. It does use MLACommonMetadataBuilder (the plan is what it reads).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string_view>
 
+#include "../run_buffer_pool.h"
 #include "pagedattn/backend.h"
 #include "pagedattn/mla.h"
 #include "pagedattn/tensor.h"
 
 namespace pagedattn {
 
-// Step buffers of one MLA layer group (dims from BuilderConfig; T = max_num_batched_tokens,
+// Step buffers of one MLA forward (dims from BuilderConfig; T = max_num_batched_tokens,
 // S = max_num_seqs, W = chunked-prefill workspace tokens, rows = max(T, W)). All on the
-// builder's device, activation dtype unless noted. Shared by the layers of the group (they run
-// one after another on one stream). kv_up / k_full hold one up-projected context chunk: with
-// H = 128 and vLLM's default W = 64Ki that is several GiB, so large-H deployments should pass a
-// smaller BuilderConfig::mla_chunked_prefill_workspace_tokens.
-struct MLAWorkspace {
-  Device device = Device::cpu;
-  DType dtype = DType::bf16;
-  MLADimensions dims;
-  int num_heads = 0;
-  int64_t max_tokens = 0, max_seqs = 0, workspace_tokens = 0;
+// builder's device, activation dtype unless noted. kv_up / k_full hold one up-projected context
+// chunk: with H = 128 and vLLM's default W = 64Ki that is several GiB, so large-H deployments
+// should pass a smaller BuilderConfig::mla_chunked_prefill_workspace_tokens.
+struct MLAStepBuffers {
   // decode (at most S decode tokens: threshold 1)
   Tensor q_latent;      // (S, H, L + R)
   Tensor o_latent;      // (S, H, L)
@@ -49,6 +46,26 @@ struct MLAWorkspace {
   Tensor context_out;   // (T, H, V)           context chunks merged so far
   Tensor suffix_lse, chunk_lse, context_lse, merged_lse;  // (H, T) f32
   size_t bytes() const;
+};
+
+// The step buffers of one MLA layer group, owned by the builder and shared (shared_ptr) with its
+// plans. How forwards get a set:
+//   cpu   a lease from host_buffers (run_buffer_pool.h): concurrent forwards (plans of one
+//         builder, or one plan, on several threads) each get their own set; a second set is
+//         allocated only while forwards really overlap.
+//   cuda  the one device_buffers set: kernels run in stream order and a plan is only valid until
+//         the builder's next build() (PlanStamp), so host-side leases would protect nothing.
+struct MLAWorkspace {
+  Device device = Device::cpu;
+  DType dtype = DType::bf16;
+  MLADimensions dims;
+  int num_heads = 0;
+  int64_t max_tokens = 0, max_seqs = 0, workspace_tokens = 0;
+  host::RunBufferPool<MLAStepBuffers> host_buffers;  // device == cpu
+  std::unique_ptr<MLAStepBuffers> device_buffers;    // device == cuda
+  size_t bytes() const {
+    return host_buffers.bytes() + (device_buffers ? device_buffers->bytes() : 0);
+  }
 };
 
 namespace mla {
@@ -103,7 +120,10 @@ class MLACommonMetadataBuilder : public AttentionMetadataBuilder {
 
   BuilderConfig config_;
   Device device_;
-  std::unique_ptr<MLAWorkspace> workspace_;
+  std::shared_ptr<MLAWorkspace> workspace_;
+  // CUDA: bumped by every build() before it writes the device arrays, and by the destructor
+  // (PlanStamp); plans built earlier then fail their check instead of reading overwritten data.
+  std::shared_ptr<std::atomic<uint64_t>> generation_ = std::make_shared<std::atomic<uint64_t>>(0);
 
  private:
   struct DeviceArrays;  // device copies of the plan arrays (staged, owned here)
@@ -152,6 +172,9 @@ class MLACommonImpl : public MLAAttentionImpl {
   Tensor w_kv_;  // (L, H * (P + V)): kv_up[t] = kv_c[t] · w_kv_ (prefill up-projection)
   std::unique_ptr<MLAPrefillBackend> prefill_;
   const MLAPrefillBackendClass* prefill_class_ = nullptr;
+  // Held around the prefill part of forward: prefill_ keeps the step's prefill metadata between
+  // prepare_metadata and its runs (vLLM's interface), so concurrent forwards take turns there.
+  std::mutex prefill_mutex_;
 };
 
 // Shared validate_configuration part of the MLA backends: use_mla must be true (when it is false

@@ -20,6 +20,8 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -38,6 +40,13 @@ void check_last_contiguous(const TensorView& t, const char* name) {
   PAGEDATTN_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name, kWho, ": ", name, " ",
                   t.describe(), " has strides ", t.strides().str(),
                   ", expected the last dim contiguous");
+}
+
+// A CUDA plan lives in its builder's reused device arrays: valid until the next build().
+void check_plan_current(const MLAMetadata& md, const char* entry) {
+  PAGEDATTN_CHECK(md.stamp.current(), "metadata", kWho, " ", entry, ": the plan is stale (built as "
+                  "plan ", md.stamp.generation, " but its builder has since built another or been "
+                  "destroyed): a CUDA plan is valid until its builder's next build()");
 }
 
 }  // namespace
@@ -119,6 +128,7 @@ void MLACommonImpl::do_kv_cache_update(const LayerScales& scales, const TensorVi
   PAGEDATTN_CHECK(md != nullptr, "metadata", kWho,
                   " do_kv_cache_update: metadata is not an MLAMetadata (build it with the MLA "
                   "backend's builder)");
+  check_plan_current(*md, "do_kv_cache_update");
   check_defined(kv_cache, "kv_cache");
   check_ndim(kv_cache, "kv_cache", 3);
   md->cache_footprint.check_fits(kv_cache.size(0), kv_cache.size(1), kWho, "do_kv_cache_update");
@@ -137,6 +147,7 @@ void MLACommonImpl::check_forward(const LayerScales& scales, const TensorView& q
                   " forward: metadata is not an MLAMetadata (build it with the MLA backend's "
                   "builder)");
   const MLAMetadata& md = *mdp;
+  check_plan_current(md, "forward");
   const MLADimensions& d = params_.dims;
   const int64_t H = params_.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim,
                 P = d.qk_nope_head_dim, V = d.v_head_dim;
@@ -237,7 +248,16 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
     out = TensorView(out.data(), dt, Shape{out.size(0), H, V}, Shape{out.stride(0), V, 1}, dev,
                      output_in.device_index());
   }
-  MLAWorkspace& ws = *md.workspace;
+  // CPU: this call's own step buffers (concurrent forwards lease other sets; a new set is made
+  // only while forwards overlap). CUDA: the builder's one set, used in stream order by plans
+  // that pass the PlanStamp check above (mla_common.h).
+  std::optional<host::RunBufferPool<MLAStepBuffers>::Lease> lease;
+  MLAStepBuffers* buffers = md.workspace->device_buffers.get();
+  if (dev == Device::cpu) {
+    lease.emplace(md.workspace->host_buffers.acquire());
+    buffers = &**lease;
+  }
+  MLAStepBuffers& ws = *buffers;
 
   // ---- decode: absorbed attention over the latent cache ----
   if (Td > 0) {
@@ -288,6 +308,8 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
   const TensorView lse_p = output_lse.defined() ? output_lse.narrow(1, Td, Tp) : TensorView{};
   const auto k_rows = [&](int64_t rows) { return ws.k_full.view().narrow(0, 0, rows); };
   const auto v_rows = [&](int64_t rows) { return ws.kv_up.view().narrow(0, 0, rows).narrow(2, P, V); };
+  // prefill_ keeps `pre` from prepare_metadata to its last run: one forward at a time here.
+  const std::lock_guard<std::mutex> prefill_lock(prefill_mutex_);
   prefill_->prepare_metadata(pre);
   if (!pre.chunked_context) {
     prefill_->run_prefill_new_tokens(q_p, k_rows(Tp), v_rows(Tp), lse_p.defined(), out_p, lse_p);

@@ -3,8 +3,10 @@
 //
 // Lifetimes (as vLLM): the plan VIEWS the caller's block table and slot mapping
 // (common.block_table_tensor rows, common.slot_mapping) and, on CUDA, the builder's persistent
-// device arrays, which the next build() overwrites; on the CPU the small arrays are views of the
-// plan's own vectors. A plan is valid for the step it was built for.
+// device arrays, which the next build() overwrites (the plan's PlanStamp then says stale and the
+// impls throw); on the CPU the small arrays are views of the plan's own vectors and the step
+// buffers a pool shared with the builder (mla_common.h), so a CPU plan outlives later builds and
+// its builder.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -18,7 +20,7 @@
 
 namespace pagedattn {
 
-size_t MLAWorkspace::bytes() const {
+size_t MLAStepBuffers::bytes() const {
   size_t total = 0;
   for (const Tensor* t : {&q_latent, &o_latent, &decode_lse, &gather, &kv_up, &k_full, &suffix_out,
                           &chunk_out, &context_out, &suffix_lse, &chunk_lse, &context_lse,
@@ -50,35 +52,47 @@ int64_t workspace_tokens_of(const BuilderConfig& c, int block_size) {
   return mla_chunked_prefill_workspace_tokens(c.max_model_len, c.max_num_seqs, block_size);
 }
 
-std::unique_ptr<MLAWorkspace> make_workspace(const BuilderConfig& c, int block_size,
-                                             Device device) {
+std::unique_ptr<MLAStepBuffers> make_step_buffers(const BuilderConfig& c, int64_t w,
+                                                  Device device) {
   const MLADimensions& d = c.mla_dimensions;
-  auto ws = std::make_unique<MLAWorkspace>();
+  const int64_t h = c.num_heads, s = c.max_num_seqs, t = c.max_num_batched_tokens;
+  const int64_t rows = std::max(t, w);
+  const int64_t l = d.kv_lora_rank, r = d.qk_rope_head_dim, p = d.qk_nope_head_dim,
+                v = d.v_head_dim;
+  const DType a = c.mla_dtype;
+  auto b = std::make_unique<MLAStepBuffers>();
+  b->q_latent = Tensor(Shape{s, h, l + r}, a, device);
+  b->o_latent = Tensor(Shape{s, h, l}, a, device);
+  b->decode_lse = Tensor(Shape{h, s}, DType::f32, device);
+  b->gather = Tensor(Shape{w, l + r}, a, device);
+  b->kv_up = Tensor(Shape{rows, h, p + v}, a, device);
+  b->k_full = Tensor(Shape{rows, h, p + r}, a, device);
+  b->suffix_out = Tensor(Shape{t, h, v}, a, device);
+  b->chunk_out = Tensor(Shape{t, h, v}, a, device);
+  b->context_out = Tensor(Shape{t, h, v}, a, device);
+  b->suffix_lse = Tensor(Shape{h, t}, DType::f32, device);
+  b->chunk_lse = Tensor(Shape{h, t}, DType::f32, device);
+  b->context_lse = Tensor(Shape{h, t}, DType::f32, device);
+  b->merged_lse = Tensor(Shape{h, t}, DType::f32, device);
+  return b;
+}
+
+std::shared_ptr<MLAWorkspace> make_workspace(const BuilderConfig& c, int block_size,
+                                             Device device) {
+  auto ws = std::make_shared<MLAWorkspace>();
   ws->device = device;
   ws->dtype = c.mla_dtype;
-  ws->dims = d;
+  ws->dims = c.mla_dimensions;
   ws->num_heads = c.num_heads;
   ws->max_tokens = c.max_num_batched_tokens;
   ws->max_seqs = c.max_num_seqs;
   ws->workspace_tokens = workspace_tokens_of(c, block_size);
-  const int64_t h = c.num_heads, s = c.max_num_seqs, t = c.max_num_batched_tokens;
-  const int64_t w = ws->workspace_tokens, rows = std::max(t, w);
-  const int64_t l = d.kv_lora_rank, r = d.qk_rope_head_dim, p = d.qk_nope_head_dim,
-                v = d.v_head_dim;
-  const DType a = c.mla_dtype;
-  ws->q_latent = Tensor(Shape{s, h, l + r}, a, device);
-  ws->o_latent = Tensor(Shape{s, h, l}, a, device);
-  ws->decode_lse = Tensor(Shape{h, s}, DType::f32, device);
-  ws->gather = Tensor(Shape{w, l + r}, a, device);
-  ws->kv_up = Tensor(Shape{rows, h, p + v}, a, device);
-  ws->k_full = Tensor(Shape{rows, h, p + r}, a, device);
-  ws->suffix_out = Tensor(Shape{t, h, v}, a, device);
-  ws->chunk_out = Tensor(Shape{t, h, v}, a, device);
-  ws->context_out = Tensor(Shape{t, h, v}, a, device);
-  ws->suffix_lse = Tensor(Shape{h, t}, DType::f32, device);
-  ws->chunk_lse = Tensor(Shape{h, t}, DType::f32, device);
-  ws->context_lse = Tensor(Shape{h, t}, DType::f32, device);
-  ws->merged_lse = Tensor(Shape{h, t}, DType::f32, device);
+  if (device == Device::cpu) {
+    ws->host_buffers.start(
+        [c, w = ws->workspace_tokens] { return make_step_buffers(c, w, Device::cpu); });
+  } else {
+    ws->device_buffers = make_step_buffers(c, ws->workspace_tokens, device);
+  }
   return ws;
 }
 
@@ -151,7 +165,8 @@ MLACommonMetadataBuilder::MLACommonMetadataBuilder(KVCacheSpec spec, const Build
   }
 }
 
-MLACommonMetadataBuilder::~MLACommonMetadataBuilder() = default;
+// Plans built by this builder read its device arrays (CUDA): they become stale with it.
+MLACommonMetadataBuilder::~MLACommonMetadataBuilder() { generation_->fetch_add(1); }
 
 size_t MLACommonMetadataBuilder::workspace_bytes() const {
   size_t total = workspace_->bytes();
@@ -231,7 +246,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   md->num_decode_tokens = qsl[num_decodes];
   md->num_prefills = num_prefills;
   md->num_prefill_tokens = common.num_actual_tokens - md->num_decode_tokens;
-  md->workspace = workspace_.get();
+  md->workspace = workspace_;
 
   // decode part
   MLADecodeMetadata& dec = md->decode;
@@ -304,6 +319,12 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
     }
   }
 
+  // CUDA: from here on the device arrays (and the backend's decode plan) are overwritten, so
+  // every earlier plan becomes stale first; this plan is stamped with the new generation.
+  if (device_ == Device::cuda) {
+    md->stamp = PlanStamp{generation_, generation_->fetch_add(1) + 1};
+    if (md->prefill) md->prefill->stamp = md->stamp;
+  }
   // Device copies (CPU: views of the vectors above; CUDA: the builder's persistent buffers).
   const auto place = [&](std::vector<int32_t>& v, Tensor* storage, Shape shape) -> TensorView {
     if (device_ == Device::cpu) return host_i32_view(v, shape);
