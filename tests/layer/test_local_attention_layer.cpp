@@ -218,8 +218,8 @@ TEST_P(LocalAttentionLayer, MatchesTheChunkedOracle) {
   Step s = make_step(layer, cache, num_blocks, c.num_computed, c.query_lens, rng);
 
   std::vector<double> want_out, want_lse, causal_out, causal_lse;
-  oracle(s, c.dtype, layer.params().scale, c.chunk, want_out, want_lse);
-  oracle(s, c.dtype, layer.params().scale, 0, causal_out, causal_lse);
+  oracle(s, c.dtype, *layer.params().scale, c.chunk, want_out, want_lse);
+  oracle(s, c.dtype, *layer.params().scale, 0, causal_out, causal_lse);
   // The case can tell the two apart: plain causal attention is far off the chunked answer.
   ASSERT_GT(relative_error(causal_out, want_out), 0.05) << "case does not exercise the chunk";
 
@@ -301,7 +301,7 @@ TEST(LocalAttentionBuilder, APlanOutlivesTheCallersMetadataAndIgnoresACascadePre
     std::mt19937 rng(99);
     Step s = make_step(layer, cache, num_blocks, computed, query_lens, rng);
     std::vector<double> want_out, want_lse;
-    oracle(s, DType::f32, layer.params().scale, 32, want_out, want_lse);
+    oracle(s, DType::f32, *layer.params().scale, 32, want_out, want_lse);
     auto builder = layer.backend().make_builder(layer.kv_cache_spec(),
                                                 layer.builder_config(4, 64, 128), Device::cpu);
     std::shared_ptr<const AttentionMetadata> md = builder->build(16, s.common->common);
