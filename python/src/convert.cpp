@@ -215,7 +215,10 @@ TensorView TensorArgs::get(nb::handle obj, const char* argument, bool writable, 
                   " dimensions: expected at most ", kMaxDims);
   Shape shape_v, strides_v;
   for (int i = 0; i < ndim; ++i) shape_v.push_back(shape[i]);
-  if (strides != nullptr) {
+  // An empty tensor's strides are meaningless (NumPy 2 exports zeros for them): it is taken as
+  // contiguous, so that e.g. the (0, H, D) query of a step whose requests all have empty queries
+  // is accepted.
+  if (strides != nullptr && shape_v.numel() != 0) {
     for (int i = 0; i < ndim; ++i) strides_v.push_back(strides[i]);
   } else {
     strides_v = contiguous_strides(shape_v);
