@@ -2,7 +2,8 @@
 // tensor views a CommonAttentionMetadata is made of, shared by the metadata and builder targets.
 //
 // decode_batch() builds a CONSISTENT batch first (query lengths, context lengths, a block table
-// from a shuffled pool of block ids, the slots of the new tokens) and then applies a few
+// from a rotated pool of block ids, optionally with a prefix of blocks shared by every request,
+// the slots of the new tokens) and then applies a few
 // corruptions (a field or an entry replaced by a corner value), so that most inputs are valid
 // batches and every kind of invalid batch is a short mutation away. BatchViews lays the arrays
 // out as tensor views, by default exactly as make_common_attention_metadata does; with layout
@@ -68,6 +69,18 @@ inline RawBatch decode_batch(ByteReader& in, const BatchLimits& limits) {
   b.block_table.resize(static_cast<size_t>(n) * b.cols);
   for (size_t i = 0; i < b.block_table.size(); ++i) {
     b.block_table[i] = static_cast<int32_t>((rotate + i) % pool);
+  }
+  // A shared prefix (prefix caching, cascade attention): the first `shared` columns of every row
+  // are row 0's. Byte < 0xC0: none; < 0xF0: up to 3 columns, within every request's context (a
+  // valid prefix); else up to 3 columns whatever the contexts.
+  const uint8_t share = in.u8();
+  int shared = share < 0xC0 ? 0 : (share & 3);
+  if (share < 0xF0) {
+    for (int r = 0; r < n; ++r) shared = static_cast<int>(std::min<int64_t>(shared, ctx[r] / bs));
+  }
+  shared = std::min(shared, b.cols);
+  for (int r = 1; r < n; ++r) {
+    for (int c = 0; c < shared; ++c) b.block_table[static_cast<size_t>(r) * b.cols + c] = b.block_table[c];
   }
   b.query_start_loc.push_back(0);
   for (int r = 0; r < n; ++r) {

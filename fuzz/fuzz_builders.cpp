@@ -332,7 +332,7 @@ void fuzz_standard(ByteReader& in, const char* backend) {
     return;
   }
   trace("forward ran: ", layer->backend().name(), ", ", plan->num_reqs, " requests, ",
-        plan->num_actual_tokens, " tokens");
+        plan->num_actual_tokens, " tokens", plan->use_cascade ? ", cascade" : "");
   check_outputs(out, plan->num_actual_tokens, lse.defined() ? &lse : nullptr);
   if (cached) check_only_slots_written(cache, before, *plan, no_kv ? 0 : rows, p.block_size, 1);
 }

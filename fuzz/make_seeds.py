@@ -6,7 +6,8 @@ trailing zero bytes are left out). Rerun after changing a target's decoding:
 
     python3 fuzz/make_seeds.py
 
-Files named regression-* in the corpora are inputs that once failed (kept as they are)."""
+Files named regression-* in the corpora are inputs that once failed (kept as corpus entries: after a
+change of decoding they may no longer reproduce; the regression tests live in tests/ and python/)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ def write(target: str, name: str, data: bytes) -> None:
         f.write(data)
 
 
-def batch(query_lens, context_lens, rotate=0, pad=0) -> list[int]:
-    """fuzz_batch.h decode_batch: n, causal, (q, ctx) per request, rotate, pad, no corruption."""
+def batch(query_lens, context_lens, rotate=0, shared=0, pad=0) -> list[int]:
+    """fuzz_batch.h decode_batch: n, causal, (q, ctx) per request, rotate, shared prefix columns
+    (0-3, capped by the contexts), slot padding, no corruption."""
     out = [len(query_lens), 0]
     for q, c in zip(query_lens, context_lens):
         out += [q, c]
-    return out + [rotate, pad, 0]
+    return out + [rotate, 0xC0 + shared if shared else 0, pad, 0]
 
 
 # ---- fuzz_common_metadata --------------------------------------------------------------------
@@ -39,6 +41,8 @@ write("fuzz_common_metadata", "validate-empty", bytes([0, 0, 0, 0, 0]))
 # make: [1, block_size - 1, num_blocks - 1, batch..., reqs_padded?, tokens_padded?, cols?, clear?, which]
 write("fuzz_common_metadata", "make-padded",
       bytes([1, 3, 11] + batch([2, 5], [6, 0], rotate=3, pad=2) + [0xC0, 4, 0xC0, 20, 0, 0, 0, 3, 1]))
+write("fuzz_common_metadata", "validate-shared-prefix",
+      bytes([0, 3, 15] + batch([1, 2, 1], [9, 12, 8], shared=2) + [0] * 8 + [0, 1, 0]))
 write("fuzz_common_metadata", "make-plain", bytes([1, 15 % 8, 23] + batch([1, 12, 4], [40, 0, 3])))
 
 # ---- fuzz_local_attention --------------------------------------------------------------------
@@ -59,7 +63,7 @@ write("fuzz_local_attention", "long-chunk", local(1, 6, [24, 2], [48, 50], spare
 # ---- fuzz_builders ---------------------------------------------------------------------------
 def standard(backend, kv_heads=2, group=2, head16=2, dtype=0, cache_dtype=0, log2_block=2,
              attn_type=0, features=0, extra=(), num_blocks=16, q=(3, 1), ctx=(5, 9), fp8_out=False,
-             lse=True) -> bytes:
+             lse=True, shared=0) -> bytes:
     """Kind 0 (CPU) / 1 (REFERENCE). dtype: 0 f32, 1 f16, 2 bf16. cache_dtype: index into
     kCacheDtypes (0 auto, 2 fp8, 3 fp8_e5m2, 4 bfloat16). attn_type: 0 decoder, 5 encoder,
     6 encoder_only, 7 encoder_decoder. features: 1 window, 2 soft cap, 4 ALiBi, 8 sinks, 16 HND;
@@ -71,8 +75,10 @@ def standard(backend, kv_heads=2, group=2, head16=2, dtype=0, cache_dtype=0, log
     out += [num_blocks - 1]
     if attn_type in (5, 6):
         out += [0]          # encoder: no context
-    out += batch(list(q), list(ctx), rotate=1)
-    out += [0, 0, 0, 0]     # no layout perturbation, common_prefix_len 0, fast_build off, full cache
+    out += batch(list(q), list(ctx), rotate=1, shared=shared)
+    # no layout perturbation, common_prefix_len = the shared blocks (cascade), fast_build off,
+    # full cache
+    out += [0] + ([0xC0, shared] if shared else [0]) + [0, 0]
     out += [0, 0]           # fill seed, rows = num_actual_tokens
     if attn_type == 7:
         out += [0]          # key/value given
@@ -103,6 +109,10 @@ write("fuzz_builders", "cpu-bf16-fp8-window-sinks-hnd",
                ctx=(30, 0, 11)))
 write("fuzz_builders", "cpu-f16-softcap-alibi-fp8-out",
       standard(0, dtype=1, features=2 | 4, extra=(2,), fp8_out=True, log2_block=4))
+write("fuzz_builders", "cpu-cascade-shared-prefix",
+      standard(0, q=(1, 4, 2), ctx=(9, 12, 8), shared=2, num_blocks=20))
+write("fuzz_builders", "reference-cascade-shared-prefix",
+      standard(1, q=(2, 1), ctx=(8, 10), shared=1, log2_block=3))
 write("fuzz_builders", "cpu-encoder-only", standard(0, attn_type=6, q=(4, 2), ctx=(0, 0)))
 write("fuzz_builders", "reference-cross", standard(1, attn_type=7, q=(2, 3), ctx=(4, 0)))
 write("fuzz_builders", "reference-e5m2-sinks", standard(1, cache_dtype=3, features=8, extra=(0, 1, 2, 3)))
