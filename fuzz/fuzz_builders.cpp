@@ -17,8 +17,8 @@
 // forward rejected because the batch uses a block id outside the cache passed (corrupt ids, or
 // a plan built for a larger cache) or because output_scale is 0 / negative / NaN / inf has
 // already written the cache. Rejections of such inputs that changed the cache are reported once
-// per error argument on stderr and tolerated, unless PAGEDATTN_FUZZ_STRICT=1; remove the
-// tolerance when the fix lands.
+// per error argument and reporting function on stderr and tolerated, unless
+// PAGEDATTN_FUZZ_STRICT=1; remove the tolerance when the fix lands.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -157,8 +157,9 @@ void check_rejected_forward(const Error& e, const Tensor& cache, const std::vect
                             bool known_issue) {
   if (!cache.defined() || std::memcmp(cache.data(), before.data(), before.size()) == 0) return;
   if (known_issue && !strict()) {
-    static std::set<std::string> reported;
-    if (reported.insert(e.argument()).second) {
+    static std::set<std::string> reported;  // one line per (argument, reporting function)
+    const std::string what = e.what();
+    if (reported.insert(e.argument() + "|" + what.substr(0, what.find(':'))).second) {
       std::fprintf(stderr, "known issue (tolerated, PAGEDATTN_FUZZ_STRICT=1 to fail): a forward rejected "
                            "for '%s' wrote the cache first: %s\n", e.argument().c_str(), e.what());
     }
