@@ -3,6 +3,7 @@
 #include <exception>
 #include <iostream>
 
+#include "cli_app.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "pagedattn/error.h"
@@ -23,19 +24,9 @@ std::string single_line(std::string s) {
 }  // namespace
 
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  CLI::App app{
-      "pagedattn: the attention subsystem of an LLM serving engine (paged KV cache, backends, "
-      "selector, metadata builders).\n"
-      "  run        serving simulation of a model preset on a seeded workload\n"
-      "  backends   every backend, its capabilities, and why it can or cannot run a configuration\n"
-      "  check      conformance grid: every available backend against the REFERENCE\n"
-      "  bench      fixed decode / prefill / mixed grids per backend (JSON + markdown)\n"
-      "  calibrate  measure this machine's copy bandwidth and FLOP rate (cached)",
-      "pagedattn"};
-  app.require_subcommand(1);
-  app.fallthrough(false);
-  std::vector<Command> commands = {add_run_command(app), add_backends_command(app), add_check_command(app),
-                                   add_bench_command(app), add_calibrate_command(app)};
+  CliApp cli = make_cli_app();
+  CLI::App& app = *cli.app;
+  std::vector<Command>& commands = cli.commands;
 
   std::vector<char*> argv;
   std::vector<std::string> storage = args.empty() ? std::vector<std::string>{"pagedattn"} : args;

@@ -79,6 +79,14 @@ LengthDistribution LengthDistribution::parse(std::string_view spec, std::string_
                                std::to_string(kMaxTokens) + " tokens");
     }
     if (d.stdev < 0) bad_spec(flag, spec, "has a negative standard deviation");
+    // sample() needs a finite sigma^2 = ln(1 + stdev^2 / mean^2) (else every sample is NaN), and
+    // the default MAX = 8 * MEAN must be a length.
+    if (!std::isfinite(std::log1p((d.stdev * d.stdev) / (d.mean * d.mean)))) {
+      bad_spec(flag, spec, "has a standard deviation that is too large");
+    }
+    if (parts.size() == 3 && 8 * d.mean > std::numeric_limits<int32_t>::max() / 4) {
+      bad_spec(flag, spec, "has a mean too large for the default MAX = 8 * MEAN");
+    }
     d.min = 1;
     // Default MAX: 8 x the mean, capped at the length limit.
     d.max = parts.size() == 4 ? parse_length(parts[3], flag, spec)

@@ -214,14 +214,11 @@ TensorView TensorArgs::get(nb::handle obj, const char* argument, bool writable, 
   PAGEDATTN_CHECK(ndim <= kMaxDims, argument, argument, " has ", ndim,
                   " dimensions: expected at most ", kMaxDims);
   Shape shape_v, strides_v;
-  int64_t numel = 1;
-  for (int i = 0; i < ndim; ++i) {
-    shape_v.push_back(shape[i]);
-    numel *= shape[i];
-  }
-  // An empty tensor addresses no element, so its strides mean nothing (NumPy 2 exports zeros for
-  // a (0, H, D) array): give it contiguous ones, so an empty batch is a no-op, not a stride error.
-  if (strides != nullptr && numel != 0) {
+  for (int i = 0; i < ndim; ++i) shape_v.push_back(shape[i]);
+  // An empty tensor's strides are meaningless (NumPy 2 exports zeros for them): it is taken as
+  // contiguous, so that e.g. the (0, H, D) query of a step whose requests all have empty queries
+  // is accepted.
+  if (strides != nullptr && shape_v.numel() != 0) {
     for (int i = 0; i < ndim; ++i) strides_v.push_back(strides[i]);
   } else {
     strides_v = contiguous_strides(shape_v);

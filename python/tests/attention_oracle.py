@@ -151,14 +151,17 @@ def fill_context(batch: PagedBatch, kv_cache, head_size, head_size_v, k_scale=1.
 
 def cached_kv(batch: PagedBatch, kv_cache, req: int, head_size, head_size_v, k_scale=1.0,
               v_scale=1.0):
-    """The keys/values of request `req` as the cache holds them (float64, dequantized)."""
+    """The keys (seq_len, Hkv, D) / values (seq_len, Hkv, Dv) of request `req` as the cache holds
+    them (float64, dequantized); empty arrays of that shape for a request with seq_len 0."""
     cache = f64(kv_cache)
+    hkv = cache.shape[3]
     k, v = [], []
     for p in range(int(batch.seq_lens[req])):
         b, o = batch.slot(req, p)
         k.append(cache[0, b, o, :, :head_size] * k_scale)
         v.append(cache[1, b, o, :, :head_size_v] * v_scale)
-    return np.asarray(k), np.asarray(v)
+    return (np.asarray(k).reshape(-1, hkv, head_size),
+            np.asarray(v).reshape(-1, hkv, head_size_v))
 
 
 def reference_forward(batch: PagedBatch, query, kv_cache, layer_args: dict, head_size,
@@ -172,8 +175,7 @@ def reference_forward(batch: PagedBatch, query, kv_cache, layer_args: dict, head
         start = int(batch.query_start_loc[r])
         q_pos = np.arange(cl, cl + ql)
         k_pos = np.arange(cl + ql)
-        o, lse = attend(q[start:start + ql], k.reshape(len(k_pos), -1, head_size),
-                        v.reshape(len(k_pos), -1, head_size_v), q_pos, k_pos, **layer_args)
+        o, lse = attend(q[start:start + ql], k, v, q_pos, k_pos, **layer_args)
         outs.append(o)
         lses.append(lse)
     return np.concatenate(outs), np.concatenate(lses, axis=1)

@@ -39,6 +39,23 @@ def test_output_buffer_is_written_in_place(rng):
     np.testing.assert_array_equal(cache[0, b, o], k[1])
 
 
+def test_empty_arrays_with_zero_strides_are_accepted(rng):
+    """Found by test_properties.py: a step whose requests all have empty queries has (0, H, D)
+    query/key/value arrays, which NumPy 2 exports with strides (0, 0, 0); they were rejected as
+    'last dimension not contiguous'. An empty array is now taken as contiguous."""
+    layer = pagedattn.Attention(4, 32, None, num_kv_heads=2, dtype="float32")
+    batch = make_batch(rng, [0, 0], [6, 17], 16, 2, 32)
+    cache = layer.allocate_kv_cache(batch.num_blocks)
+    fill_context(batch, cache, 32, 32)
+    before = cache.copy()
+    q = np.empty((0, 4, 32), np.float32)
+    k, v = np.empty((0, 2, 32), np.float32), np.empty((0, 2, 32), np.float32)
+    out, lse = layer.forward(q, k, v, cache, layer.metadata_builder().build(batch.common()),
+                             return_lse=True)
+    assert out.shape == (0, 4, 32) and lse.shape == (4, 0)
+    np.testing.assert_array_equal(cache, before)
+
+
 def test_returned_arrays_export_dlpack_and_share_memory(rng):
     layer = pagedattn.Attention(4, 32, None, num_kv_heads=2, dtype="float32")
     batch, cache, q, k, v = step(layer, rng)

@@ -43,8 +43,16 @@ DecodePrefillSplit split_decodes_and_prefills(const CommonAttentionMetadata& com
   if (common.max_query_len <= decode_threshold && (!require_uniform || decode_threshold <= 1)) {
     return {num_reqs, 0, num_tokens, 0};
   }
-  auto query_len = [&](int r) { return read_i32(qsl, r + 1) - read_i32(qsl, r); };
-  const int first_len = query_len(0);
+  // The contents are not validated here (only the shape above): lengths are computed in int64
+  // and a decreasing query_start_loc is an Error, not an int overflow.
+  auto query_len = [&](int r) {
+    const int64_t q = int64_t{read_i32(qsl, r + 1)} - read_i32(qsl, r);
+    PAGEDATTN_CHECK(q >= 0, "query_start_loc_cpu", kFn, "query_start_loc_cpu[", r + 1, "] = ",
+                    read_i32(qsl, r + 1), " is smaller than query_start_loc_cpu[", r, "] = ",
+                    read_i32(qsl, r), ": query_start_loc must be non-decreasing");
+    return q;
+  };
+  const int64_t first_len = query_len(0);
   if (first_len > decode_threshold) {
     return {0, num_reqs, 0, num_tokens};  // the first request is not a decode: no decodes
   }
@@ -52,14 +60,14 @@ DecodePrefillSplit split_decodes_and_prefills(const CommonAttentionMetadata& com
     // A padded uniform batch (full CUDA graphs): zero-length padding requests count as decodes.
     bool uniform = true;
     for (int r = 0; r < num_reqs && uniform; ++r) {
-      const int q = query_len(r);
+      const int64_t q = query_len(r);
       uniform = q == first_len || q == 0;
     }
     if (uniform) return {num_reqs, 0, num_tokens, 0};
   }
   int first_prefill = -1;
   for (int r = 0; r < num_reqs; ++r) {
-    const int q = query_len(r);
+    const int64_t q = query_len(r);
     const bool is_prefill = require_uniform ? q != first_len : q > decode_threshold;
     if (is_prefill) {
       first_prefill = r;
@@ -68,6 +76,9 @@ DecodePrefillSplit split_decodes_and_prefills(const CommonAttentionMetadata& com
   }
   if (first_prefill < 0) return {num_reqs, 0, num_tokens, 0};
   const int num_decode_tokens = read_i32(qsl, first_prefill);
+  PAGEDATTN_CHECK(num_decode_tokens >= 0 && num_decode_tokens <= num_tokens, "query_start_loc_cpu", kFn,
+                  "query_start_loc_cpu[", first_prefill, "] = ", num_decode_tokens,
+                  " is outside [0, num_actual_tokens = ", num_tokens, "]");
   return {first_prefill, num_reqs - first_prefill, num_decode_tokens, num_tokens - num_decode_tokens};
 }
 

@@ -10,6 +10,7 @@
 // checked only for dtype/shape/device" in metadata.h means tensors on a CUDA device.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -243,13 +244,17 @@ void CommonAttentionMetadata::check_block_ids_and_slots(const TensorView& table,
       }
     }
   }
-  const int64_t num_slots = check_blocks ? num_blocks * block_size : -1;
+  // Slots lie in [0, num_blocks * block_size); the product need not fit in int64 (num_blocks is
+  // the caller's), so the check divides, and the message says 2^63 where the product overflows.
+  const bool slots_fit = check_blocks && num_blocks <= std::numeric_limits<int64_t>::max() / block_size;
   for (int64_t i = 0; i < num_actual_tokens; ++i) {
     const int64_t slot = read_i64(slots, i);
-    if (num_slots >= 0) {
-      PAGEDATTN_CHECK(slot == -1 || (slot >= 0 && slot < num_slots), "slot_mapping", kWho,
-                      "slot_mapping[", i, "] = ", slot, " is out of range: expected -1 or a slot in [0, ",
-                      num_slots, ") (num_blocks = ", num_blocks, " x block_size = ", block_size, ")");
+    if (check_blocks) {
+      PAGEDATTN_CHECK(slot == -1 || (slot >= 0 && slot / block_size < num_blocks), "slot_mapping",
+                      kWho, "slot_mapping[", i, "] = ", slot,
+                      " is out of range: expected -1 or a slot in [0, ",
+                      slots_fit ? std::to_string(num_blocks * block_size) : std::string("2^63"),
+                      ") (num_blocks = ", num_blocks, " x block_size = ", block_size, ")");
     } else {
       PAGEDATTN_CHECK(slot >= -1, "slot_mapping", kWho, "slot_mapping[", i, "] = ", slot,
                       " is negative: expected -1 (skip) or a slot >= 0");

@@ -76,7 +76,8 @@ void KVCacheFootprint::check_fits(int64_t num_blocks, int64_t block_size, std::s
   PAGEDATTN_CHECK(max_block < num_blocks, "metadata", who, " ", entry, ": block_table[", max_block_req, "][",
                   max_block_col, "] = ", max_block, " is out of range: expected a block in [0, ",
                   num_blocks, ") of kv_cache (was the plan built for a larger cache?)");
-  PAGEDATTN_CHECK(max_slot < num_blocks * block_size, "metadata", who, " ", entry, ": slot_mapping[",
+  // max_slot / block_size: num_blocks * block_size need not fit in int64 for a fabricated view.
+  PAGEDATTN_CHECK(max_slot < 0 || max_slot / block_size < num_blocks, "metadata", who, " ", entry, ": slot_mapping[",
                   max_slot_index, "] = ", max_slot, " is out of range: expected -1 or a slot in [0, ",
                   num_blocks * block_size, ") = num_blocks ", num_blocks, " x block_size ",
                   block_size, " of kv_cache");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -142,6 +143,19 @@ TEST_F(ValidateTest, RejectsSlotOutOfRange) {
   expect_error_mentions([&] { common().validate(); }, {"slot_mapping[0] = -2"});
   owned_.slot_mapping.data_as<int64_t>()[0] = num_slots * 10;
   EXPECT_NO_THROW(common().validate());
+}
+
+TEST_F(ValidateTest, HugeNumBlocksDoesNotOverflowTheSlotRange) {
+  // Found by fuzz/fuzz_common_metadata: the slot bound num_blocks * block_size overflowed int64
+  // (undefined behaviour; in practice a negative bound that rejected every slot).
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  EXPECT_NO_THROW(common().validate(huge, kBlockSize));
+  EXPECT_NO_THROW(common().validate(huge / 3, kBlockSize));
+  owned_.slot_mapping.data_as<int64_t>()[0] = huge;  // below num_blocks * block_size
+  EXPECT_NO_THROW(common().validate(huge, kBlockSize));
+  owned_.slot_mapping.data_as<int64_t>()[0] = -2;
+  expect_error_mentions([&] { common().validate(huge, kBlockSize); },
+                        {"slot_mapping[0] = -2", "a slot in [0, 2^63)"});
 }
 
 TEST_F(ValidateTest, RejectsSlotMappingTailOtherThanMinusOne) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -70,6 +71,22 @@ TEST(SplitDecodesAndPrefills, RejectsMissingHostQueryStartLoc) {
   owned.common.query_start_loc_cpu = owned.query_start_loc_cpu.view().narrow(0, 0, 2);
   testing::expect_error_mentions([&] { split_decodes_and_prefills(owned.common); },
                                  {"query_start_loc_cpu", "num_reqs + 1 = 3"});
+}
+
+TEST(SplitDecodesAndPrefills, RejectsDecreasingHostQueryStartLocWithoutOverflow) {
+  // Found by fuzz/fuzz_common_metadata: on metadata that was never validated, query lengths
+  // were int differences (query_start_loc_cpu[2] - [1] = INT32_MIN - 1 overflowed; undefined
+  // behaviour, in practice a huge "prefill"). Now lengths are int64 and a decrease is an Error.
+  OwnedCommonAttentionMetadata owned = metadata_from_query_lens({1, 1, 4});
+  int32_t* qsl = owned.query_start_loc_cpu.data_as<int32_t>();
+  qsl[2] = std::numeric_limits<int32_t>::min();
+  testing::expect_error_mentions([&] { split_decodes_and_prefills(owned.common); },
+                                 {"query_start_loc_cpu[2] = -2147483648", "non-decreasing"});
+  qsl[2] = 2;                      // restored: [0, 1, 2, 6]
+  qsl[3] = 1;                      // request 2 now has a negative length
+  owned.common.max_query_len = 4;  // (inconsistent on purpose: validate() was never called)
+  testing::expect_error_mentions([&] { split_decodes_and_prefills(owned.common); },
+                                 {"query_start_loc_cpu[3] = 1", "non-decreasing"});
 }
 
 // ---- reorder: hand-worked ----------------------------------------------------------------------

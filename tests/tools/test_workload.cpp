@@ -44,6 +44,29 @@ TEST(LengthDistribution, RejectsBadSpecsNamingTheFlag) {
   }
 }
 
+TEST(LengthDistribution, RejectsLognormalParametersThatOverflow) {
+  // Found by fuzz/fuzz_cli: a huge mean overflowed the default MAX = ceil(8 * MEAN) converted to
+  // int, and a huge stdev made sigma^2 infinite, so that every sample was NaN converted to int
+  // (both undefined behaviour). Both are now usage errors; large but sane values still parse.
+  for (const char* bad : {"lognormal:1e300:1", "lognormal:300000000:1", "lognormal:5:1e300"}) {
+    try {
+      LengthDistribution::parse(bad, "--prompt-len");
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("--prompt-len: '", 0), 0u) << e.what();
+    }
+  }
+  std::mt19937_64 rng(1);
+  const LengthDistribution wide = LengthDistribution::parse("lognormal:5:1e100:64", "--x");
+  const LengthDistribution big = LengthDistribution::parse("lognormal:60000000:1", "--x");
+  EXPECT_EQ(big.max_value(), 480000000);
+  for (int i = 0; i < 100; ++i) {
+    const int v = wide.sample(rng);
+    ASSERT_GE(v, 1);
+    ASSERT_LE(v, 64);
+  }
+}
+
 TEST(LengthDistribution, SamplesStayInRangeAndMatchTheMean) {
   std::mt19937_64 rng(42);
   LengthDistribution u = LengthDistribution::parse("uniform:10:20", "--x");
