@@ -27,7 +27,7 @@
 #include <numeric>
 #include <random>
 
-#include "backends/cuda/wgmma_common.cuh"
+#include "backends/cuda/common/async_primitives.cuh"
 #include "cuda_bench_common.cuh"
 
 #define CHECK(expr) BENCH_CUDA(expr)

@@ -50,7 +50,7 @@
 
 #include <type_traits>
 
-#include "backends/cuda/wgmma_common.cuh"
+#include "backends/cuda/common/async_primitives.cuh"
 
 namespace pagedattn::cuda {
 

@@ -13,10 +13,10 @@
 #include <atomic>
 #include <cstdint>
 
-#include "backends/cuda/attention_kernel_choice.h"
-#include "backends/cuda/kernel_launch.h"
-#include "backends/cuda/paged_attention_kernel.cuh"
-#include "backends/cuda/paged_attention_ws.cuh"
+#include "backends/cuda/attention/attention_kernel_choice.h"
+#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/attention/paged_attention_kernel.cuh"
+#include "backends/cuda/attention/paged_attention_ws.cuh"
 
 namespace pagedattn::cuda {
 

@@ -47,10 +47,10 @@
 #include <cmath>
 #include <type_traits>
 
-#include "backends/cuda/device_primitives.cuh"
-#include "backends/cuda/kernel_launch.h"
-#include "backends/cuda/mla_decode.h"
-#include "backends/cuda/mla_decode_wgmma.h"
+#include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/mla/mla_decode.h"
+#include "backends/cuda/mla/mla_decode_wgmma.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda::mla_decode {

@@ -55,8 +55,8 @@
 // ex2.approx (rel. error ~2^-22); soft-cap uses the accurate tanhf.
 #pragma once
 
-#include "backends/cuda/attention_plan.h"
-#include "backends/cuda/device_primitives.cuh"
+#include "backends/cuda/attention/attention_plan.h"
+#include "backends/cuda/common/device_primitives.cuh"
 
 namespace pagedattn::cuda {
 
@@ -899,8 +899,8 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
 
 }  // namespace pagedattn::cuda
 
-#include "backends/cuda/attention_kernel_choice.h"
-#include "backends/cuda/paged_prefill_wgmma.cuh"
+#include "backends/cuda/attention/attention_kernel_choice.h"
+#include "backends/cuda/attention/paged_prefill_wgmma.cuh"
 
 namespace pagedattn::cuda {
 

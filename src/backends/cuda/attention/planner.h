@@ -9,7 +9,7 @@
 #include <span>
 #include <vector>
 
-#include "backends/cuda/attention_plan.h"
+#include "backends/cuda/attention/attention_plan.h"
 
 namespace pagedattn::cuda {
 

@@ -22,9 +22,9 @@
 // P.V (the row sum uses the f32 P); exp2 via ex2.approx; output rounded once (RNE); LSE f32.
 #include <cuda_runtime.h>
 
-#include "backends/cuda/device_primitives.cuh"
-#include "backends/cuda/kernel_launch.h"
-#include "backends/cuda/mla_prefill.h"
+#include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/mla/mla_prefill.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda::mla_prefill {

@@ -1,6 +1,6 @@
 // Kernel-variant choice of the paged attention launches (attention_kernel_choice.h): the
 // PAGEDATTN_CUDA_PREFILL_KERNEL switch, the test / benchmark override, and the sm_90a probe.
-#include "backends/cuda/attention_kernel_choice.h"
+#include "backends/cuda/attention/attention_kernel_choice.h"
 
 #include <cuda_runtime.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "backends/cuda/kernel_launch.h"
+#include "backends/cuda/attention/kernel_launch.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda {

@@ -18,9 +18,9 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "backends/cuda/attention_plan.h"
-#include "backends/cuda/device_primitives.cuh"
-#include "backends/cuda/kernel_launch.h"
+#include "backends/cuda/attention/attention_plan.h"
+#include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/attention/kernel_launch.h"
 #include "ops/cuda_ops.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"

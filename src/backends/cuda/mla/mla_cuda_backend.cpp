@@ -6,7 +6,7 @@
 // builder's next build(); forward on an older plan throws.
 #if PAGEDATTN_HAS_CUDA
 
-#include "backends/cuda/mla_cuda_backend.h"
+#include "backends/cuda/mla/mla_cuda_backend.h"
 
 #include <cuda_runtime.h>
 
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/kernel_launch.h"
-#include "backends/cuda/mla_decode.h"
+#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/mla/mla_decode.h"
 #include "backends/mla/mla_common.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"

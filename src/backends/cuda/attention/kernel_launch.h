@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backends/cuda/attention_plan.h"
+#include "backends/cuda/attention/attention_plan.h"
 #include "pagedattn/dtype.h"
 
 namespace pagedattn::cuda {

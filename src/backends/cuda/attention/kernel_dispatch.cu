@@ -2,7 +2,7 @@
 // paged_attention_d<D>.cu) and the kernel-image check.
 #include <cuda_runtime.h>
 
-#include "backends/cuda/kernel_launch.h"
+#include "backends/cuda/attention/kernel_launch.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda {

@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "backends/cuda/cuda_backend_internal.h"
-#include "backends/cuda/kernel_launch.h"
+#include "backends/cuda/attention/cuda_backend_internal.h"
+#include "backends/cuda/attention/kernel_launch.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
 #include "pagedattn/kv_cache.h"

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backends/cuda/mla_decode.h"
+#include "backends/cuda/mla/mla_decode.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda::mla_decode {

@@ -40,7 +40,7 @@
 // (ws_for_each_item), so a mixed batch keeps prefill and decode items on the device together.
 //
 // Shared memory (1024-byte aligned, every tile 128-byte swizzled as column blocks of rows x 128
-// bytes, wgmma_common.cuh): kQBuffers x Q (2 x 64 rows x D), kStages x [K tile, V tile] (128 keys
+// bytes, async_primitives.cuh): kQBuffers x Q (2 x 64 rows x D), kStages x [K tile, V tile] (128 keys
 // x D each), then the barriers. D = 128: 32 KB + 3 x 64 KB = 224 KB; D = 64: 2 x 16 KB + 4 x
 // 32 KB = 160 KB. The decode merge borrows a stage (34 KB at D = 128).
 //
@@ -58,7 +58,7 @@
 // Not sm_90a: the body is a trap and the host never selects this variant.
 #pragma once
 
-#include "backends/cuda/paged_prefill_wgmma.cuh"
+#include "backends/cuda/attention/paged_prefill_wgmma.cuh"
 
 namespace pagedattn::cuda {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/mla_cuda_backend.h"
-#include "backends/cuda/mla_prefill.h"
+#include "backends/cuda/mla/mla_cuda_backend.h"
+#include "backends/cuda/mla/mla_prefill.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
 

@@ -1,13 +1,13 @@
 // The CUDA backend object: capabilities, selector reasons, factories.
 #if PAGEDATTN_HAS_CUDA
 
-#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/attention/cuda_backend.h"
 
 #include <algorithm>
 #include <string>
 
-#include "backends/cuda/cuda_backend_internal.h"
-#include "backends/cuda/kernel_launch.h"
+#include "backends/cuda/attention/cuda_backend_internal.h"
+#include "backends/cuda/attention/kernel_launch.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
 

@@ -61,10 +61,10 @@
 #include <atomic>
 #include <cstdint>
 
-#include "backends/cuda/device_primitives.cuh"
-#include "backends/cuda/kernel_launch.h"
-#include "backends/cuda/mla_decode_wgmma.h"
-#include "backends/cuda/wgmma_common.cuh"
+#include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/mla/mla_decode_wgmma.h"
+#include "backends/cuda/common/async_primitives.cuh"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda::mla_decode {
@@ -94,7 +94,7 @@ __device__ __forceinline__ void bar_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
-// ---- wgmma (sm_90a); the swizzled layout, descriptors and fences: wgmma_common.cuh --------------
+// ---- wgmma (sm_90a); the swizzled layout, descriptors and fences: async_primitives.cuh ----------
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // D (64 x N f32, scale-d = 1: accumulate) += A (64 x 16, shared, K-major) . B (16 x N, shared;
 // n64: K-major, n256_tb: N-major).

@@ -15,7 +15,7 @@
 // group gets a combine item that also merges its rows' prefix states.
 // Order: costliest first, dealt to the persistent CTAs boustrophedon (band b of resident_ctas
 // items is reversed when b is odd) so the big items are spread over the CTAs.
-#include "backends/cuda/planner.h"
+#include "backends/cuda/attention/planner.h"
 
 #include <algorithm>
 #include <numeric>

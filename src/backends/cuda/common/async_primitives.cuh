@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "backends/cuda/device_primitives.cuh"
+#include "backends/cuda/common/device_primitives.cuh"
 
 namespace pagedattn::cuda {
 

@@ -17,8 +17,8 @@
 
 #include <cstdint>
 
-#include "backends/cuda/device_primitives.cuh"
-#include "backends/cuda/kernel_launch.h"
+#include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/attention/kernel_launch.h"
 #include "ops/cuda_ops.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"

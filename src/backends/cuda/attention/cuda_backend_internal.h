@@ -36,8 +36,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/attention_plan.h"
-#include "backends/cuda/planner.h"
+#include "backends/cuda/attention/attention_plan.h"
+#include "backends/cuda/attention/planner.h"
 #include "pagedattn/backend.h"
 #include "pagedattn/tensor.h"
 

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <span>
 
-#include "backends/cuda/attention_kernel_choice.h"
-#include "backends/cuda/cuda_backend_internal.h"
-#include "backends/cuda/kernel_launch.h"
+#include "backends/cuda/attention/attention_kernel_choice.h"
+#include "backends/cuda/attention/cuda_backend_internal.h"
+#include "backends/cuda/attention/kernel_launch.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
 #include "pagedattn/metadata.h"
