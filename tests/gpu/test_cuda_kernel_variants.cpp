@@ -21,6 +21,7 @@
 #include "../../src/backends/cuda/attention/attention_kernel_choice.h"
 #include "../../src/backends/cuda/attention/cuda_backend_internal.h"
 #include "../../src/backends/cuda/attention/kernel_launch.h"
+#include "../../src/backends/cuda/common/device_runtime.h"
 #include "conformance/harness.h"
 #include "gpu_test_util.h"
 

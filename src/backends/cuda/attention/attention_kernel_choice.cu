@@ -1,8 +1,6 @@
 // Kernel-variant choice of the paged attention launches (attention_kernel_choice.h): the
-// PAGEDATTN_CUDA_PREFILL_KERNEL switch, the test / benchmark override, and the sm_90a probe.
+// PAGEDATTN_CUDA_PREFILL_KERNEL switch and the test / benchmark override.
 #include "backends/cuda/attention/attention_kernel_choice.h"
-
-#include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstdint>
@@ -11,7 +9,6 @@
 #include <string>
 #include <string_view>
 
-#include "backends/cuda/attention/kernel_launch.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda {
@@ -20,18 +17,6 @@ namespace {
 // -1: no override; else an AttentionKernelChoice / DecodeKernelChoice.
 std::atomic<int> g_override{-1};
 std::atomic<int> g_decode_override{-1};
-
-// Built for sm_90a, the probe has no static shared memory; built for another target it has a
-// marker array, which cudaFuncGetAttributes reports (the device then runs that other image).
-__global__ void wgmma_image_probe_kernel(int* out) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if (out != nullptr) *out = 1;
-#else
-  __shared__ int not_sm90a_marker[32];
-  reinterpret_cast<volatile int*>(not_sm90a_marker)[threadIdx.x & 31] = 0;
-  if (out != nullptr) *out = not_sm90a_marker[0];
-#endif
-}
 
 // One value of an environment switch: its spelling and its enum value.
 struct ChoiceName {
@@ -106,24 +91,6 @@ DecodeKernelChoice decode_kernel_choice() {
 }
 
 void set_decode_kernel_choice(std::optional<DecodeKernelChoice> choice) { store_choice(g_decode_override, choice); }
-
-bool wgmma_kernels_available() {
-  static std::atomic<uint64_t> known{0}, available{0};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((known.load() & bit) == 0) {
-    cudaFuncAttributes attributes{};
-    const bool ok = cudaFuncGetAttributes(&attributes, wgmma_image_probe_kernel) == cudaSuccess;
-    if (!ok) (void)cudaGetLastError();
-    if (ok && attributes.sharedSizeBytes == 0) available.fetch_or(bit);
-    known.fetch_or(bit);
-  }
-  return (available.load() & bit) != 0;
-}
 
 const char* kernel_variant_name(int variant) {
   switch (variant) {

@@ -58,9 +58,6 @@ DecodeKernelChoice parse_decode_kernel_choice(const char* value);
 // Tests and benchmarks: force a choice for the plans built after the call (nullopt = environment).
 void set_decode_kernel_choice(std::optional<DecodeKernelChoice> choice);
 
-// Whether the current device loads the sm_90a (wgmma) image of this build's kernels.
-bool wgmma_kernels_available();
-
 // Name of a variant ("mma", "wgmma", "ws").
 const char* kernel_variant_name(int variant);
 

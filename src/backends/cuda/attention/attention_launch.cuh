@@ -17,6 +17,7 @@
 #include "backends/cuda/attention/kernel_launch.h"
 #include "backends/cuda/attention/paged_attention_kernel.cuh"
 #include "backends/cuda/attention/paged_attention_ws.cuh"
+#include "backends/cuda/common/device_runtime.h"
 
 namespace pagedattn::cuda {
 

@@ -8,6 +8,7 @@
 
 #include "backends/cuda/attention/cuda_backend_internal.h"
 #include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/common/device_runtime.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
 

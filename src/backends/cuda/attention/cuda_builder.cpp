@@ -12,6 +12,7 @@
 #include "backends/cuda/attention/attention_kernel_choice.h"
 #include "backends/cuda/attention/cuda_backend_internal.h"
 #include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/common/device_runtime.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
 #include "pagedattn/metadata.h"

@@ -1,10 +1,9 @@
-// Host-side entry points of the CUDA backend's kernels (no CUDA types: streams are void*).
+// Host-side entry points of the CUDA attention kernels (no CUDA types: streams are void*).
 // Every function enqueues on `stream` and returns without synchronizing; a launch failure throws
 // pagedattn::Error naming the kernel and cudaGetErrorString.
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "backends/cuda/attention/attention_plan.h"
 #include "pagedattn/dtype.h"
@@ -34,15 +33,5 @@ void launch_paged_attention(const AttentionKernelParams& params, int head_size, 
 // Merges split partials (CombineItem list) into the output; `grid` persistent CTAs.
 void launch_combine_splits(const CombineKernelParams& params, DType activation, int grid,
                            void* stream);
-
-// "" when this build's kernels can run on the current device; else a sentence saying why not
-// (e.g. built for sm_90a, device is sm_80).
-std::string kernel_image_problem();
-
-// Number of multiprocessors of the current device.
-int current_device_sm_count();
-
-// Throws Error("<what>: <cuda error>") when the last launch failed.
-void check_launch(const char* what);
 
 }  // namespace pagedattn::cuda

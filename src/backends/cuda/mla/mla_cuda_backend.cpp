@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/common/device_runtime.h"
 #include "backends/cuda/mla/mla_decode.h"
 #include "backends/mla/mla_common.h"
 #include "pagedattn/device.h"

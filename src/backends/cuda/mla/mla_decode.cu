@@ -48,7 +48,7 @@
 #include <type_traits>
 
 #include "backends/cuda/common/device_primitives.cuh"
-#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/common/device_runtime.h"
 #include "backends/cuda/mla/mla_decode.h"
 #include "backends/cuda/mla/mla_decode_wgmma.h"
 #include "pagedattn/error.h"

@@ -61,10 +61,10 @@
 #include <atomic>
 #include <cstdint>
 
-#include "backends/cuda/common/device_primitives.cuh"
-#include "backends/cuda/attention/kernel_launch.h"
-#include "backends/cuda/mla/mla_decode_wgmma.h"
 #include "backends/cuda/common/async_primitives.cuh"
+#include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/common/device_runtime.h"
+#include "backends/cuda/mla/mla_decode_wgmma.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda::mla_decode {

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/common/device_runtime.h"
 #include "backends/mla/mla_common.h"
 #include "ops/cuda_ops.h"
 #include "pagedattn/device.h"

@@ -23,7 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "backends/cuda/common/device_primitives.cuh"
-#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/common/device_runtime.h"
 #include "backends/cuda/mla/mla_prefill.h"
 #include "pagedattn/error.h"
 

@@ -13,14 +13,17 @@
 // output written once; the floor is those bytes over copy bandwidth.
 // Precision points: weights and sums in f32 (expf / logf, accurate); the output rounded once to
 // its dtype (round to nearest even).
+// The two kernels share this file (one translation unit) on purpose: compiled apart, the
+// optimizer inlines the math library differently and merge_attn_states_kernel's code changes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 
 #include "backends/cuda/attention/attention_plan.h"
-#include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/common/device_runtime.h"
 #include "ops/cuda_ops.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
@@ -182,23 +185,6 @@ __global__ void __launch_bounds__(128) merge_attn_states_kernel(const MergeParam
 
 }  // namespace
 
-void check_launch(const char* what) {
-  const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) [[unlikely]] {
-    throw Error("device", detail::concat("CUDA: ", what, " failed: ", cudaGetErrorString(status), " (",
-                                         cudaGetErrorName(status), ")"));
-  }
-}
-
-int current_device_sm_count() {
-  int device = 0;
-  cudaGetDevice(&device);
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  check_launch("cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount)");
-  return sms;
-}
-
 void launch_combine_splits(const CombineKernelParams& params, DType activation, int grid, void* stream) {
   if (grid <= 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
@@ -208,22 +194,6 @@ void launch_combine_splits(const CombineKernelParams& params, DType activation, 
     combine_splits_kernel<__half><<<grid, 128, 0, s>>>(params);
   }
   check_launch("combine_splits_kernel");
-}
-
-std::string kernel_image_problem() {
-  cudaFuncAttributes attributes{};
-  const cudaError_t status = cudaFuncGetAttributes(&attributes, combine_splits_kernel<__half>);
-  if (status == cudaSuccess) return {};
-  (void)cudaGetLastError();
-  int device = 0;
-  cudaGetDevice(&device);
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, device);
-  (void)cudaGetLastError();
-  return detail::concat("device ", device, " (", prop.name, ", compute capability ", prop.major, ".", prop.minor,
-                        ") cannot run this build's CUDA kernels (", cudaGetErrorString(status),
-                        "): rebuild with CMAKE_CUDA_ARCHITECTURES covering it (the kernels need sm_80+; "
-                        "the default build is sm_90a).");
 }
 
 }  // namespace pagedattn::cuda

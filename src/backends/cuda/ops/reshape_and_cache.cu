@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "backends/cuda/common/device_primitives.cuh"
-#include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/common/device_runtime.h"
 #include "ops/cuda_ops.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
