@@ -44,7 +44,7 @@ AttentionKernelChoice parse_prefill_kernel_choice(const char* value);
 // the same choice; when they do not, the results are still exact (see above).
 void set_attention_kernel_choice(std::optional<AttentionKernelChoice> choice);
 
-// Decode-only kernel (paged_attention_kernel.cuh, head sizes <= 128): the builder plans a batch
+// Decode-only kernel (paged_decode_kernel.cuh, head sizes <= 128): the builder plans a batch
 // whose items are all decode-path items (every request's query_len * group <= 16; no cascade) for
 // it. PAGEDATTN_CUDA_DECODE_KERNEL (read once): "auto" (default: the decode-only kernel unless the
 // batch is so small that its best split leaves chunks under 8 tiles, which the unified kernel's

@@ -17,6 +17,7 @@
 #include "backends/cuda/attention/kernel_launch.h"
 #include "backends/cuda/attention/paged_attention_kernel.cuh"
 #include "backends/cuda/attention/paged_attention_ws.cuh"
+#include "backends/cuda/attention/paged_decode_kernel.cuh"
 #include "backends/cuda/common/device_runtime.h"
 
 namespace pagedattn::cuda {
@@ -78,7 +79,7 @@ void with_kernel_variant(int variant, F&& f) {
   return f.template operator()<kVariantMma>();
 }
 
-// The decode-only kernel (paged_attention_kernel.cuh): shared-memory limit raised once per device.
+// The decode-only kernel (paged_decode_kernel.cuh): shared-memory limit raised once per device.
 template <int D, typename T, bool kFp8>
 void configure_decode_kernel() {
   static std::atomic<uint64_t> configured_devices{0};

@@ -1,8 +1,8 @@
 // Hopper wgmma prefill path of the paged attention kernel (kVariantWgmma, attention_kernel_choice.h):
-// 16-bit caches, head sizes D = 64, 128, 256; sm_90a. Included by paged_attention_kernel.cuh after
-// its helpers (item context, row ranges, logit transform, online softmax, page lookups), which it
-// reuses: it computes exactly what run_prefill_item (the mma.sync path) computes, for the same
-// work items (see that file's header for the function and the plan).
+// 16-bit caches, head sizes D = 64, 128, 256; sm_90a. It reuses the shared helpers (item context,
+// row ranges, logit transform, online softmax, page lookups: paged_attention_common.cuh) and
+// computes exactly what run_prefill_item (the mma.sync path, prefill_mma.cuh) computes, for the
+// same work items.
 //
 // Tiling. One CTA = one warpgroup (the kernel's 128 threads, so one launch still serves decode
 // and prefill items). A prefill item has 128 packed rows (D <= 128) or 64 (D = 256): H = 2 or 1
@@ -50,6 +50,7 @@
 
 #include <type_traits>
 
+#include "backends/cuda/attention/paged_attention_common.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
 
 namespace pagedattn::cuda {
