@@ -20,6 +20,7 @@
 #pragma once
 
 #include "backends/cuda/attention/kv_tile_loads.cuh"
+#include "backends/cuda/common/async_primitives.cuh"
 
 namespace pagedattn::cuda {
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "backends/cuda/attention/paged_attention_common.cuh"
+#include "backends/cuda/common/async_primitives.cuh"
 
 namespace pagedattn::cuda {
 

@@ -485,7 +485,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         scratch[(D / 2 + 2 + e) * kStride] = l[e];
       }
     }
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // consumer 0's state written
+    named_barrier::sync<256>(1);  // consumer 0's state written
     if (wg == 1) {
       if (warp_live) {
         float c_own[2], c_other[2];

@@ -1,6 +1,7 @@
-// Device primitives of the CUDA backend's kernels: tensor-core MMA (mma.sync m16n8k16, f32
-// accumulate), ldmatrix, cp.async (16-byte, zero-fill), fast exp2, and exact conversions of
-// 16-bit and fp8 values. sm_80+ (fp8 hardware conversions on sm_89+, exact software otherwise).
+// Device primitives of the CUDA backends' kernels: tensor-core MMA (mma.sync m16n8k16, f32
+// accumulate), ldmatrix, fast exp2, and exact conversions of 16-bit and fp8 values. sm_80+ (fp8
+// hardware conversions on sm_89+, exact software otherwise). The asynchronous units (cp.async,
+// TMA, mbarriers, wgmma, named barriers) are wrapped in async_primitives.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -55,22 +56,9 @@ struct Mma<__nv_bfloat16> {
   static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 };
 
-// ---- shared memory / async copies ------------------------------------------------------------
+// ---- shared memory (the asynchronous copies: async_primitives.cuh) ------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy that bypasses L1. valid == false: writes 16 zero bytes and
-// reads nothing (src may be any mapped address).
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem_dst)),
-               "l"(gmem_src), "r"(src_size));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.

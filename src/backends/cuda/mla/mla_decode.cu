@@ -47,6 +47,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "backends/cuda/common/async_primitives.cuh"
 #include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
 #include "backends/cuda/mla/mla_decode.h"
@@ -107,9 +108,7 @@ __device__ __forceinline__ int swz_p(int row, int chunk) {
 }
 
 // Barrier of the 4 column warps of one (key group, row group) (ids 1.. ; 0 is __syncthreads).
-__device__ __forceinline__ void group_sync(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id + 1), "n"(kColWarps * 32));
-}
+__device__ __forceinline__ void group_sync(int id) { named_barrier::sync<kColWarps * 32>(id + 1); }
 
 template <class C>
 __device__ __forceinline__ void load_q(const DecodeParams& p, int request, int h0, char* q_smem) {

@@ -87,84 +87,6 @@ static_assert(kSmem <= 232448, "shared memory over the sm_90 limit");
 
 // Named barriers (0 is __syncthreads), 256 threads each.
 constexpr int kBarPReady = 1, kBarFull = 2, kBarPFree = 3, kBarPv0Done = 4;  // kBarPv0Done + (t & 1)
-__device__ __forceinline__ void bar_sync(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
-}
-
-// ---- wgmma (sm_90a); the swizzled layout, descriptors and fences: async_primitives.cuh ----------
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// D (64 x N f32, scale-d = 1: accumulate) += A (64 x 16, shared, K-major) . B (16 x N, shared;
-// n64: K-major, n256_tb: N-major).
-// One asm body per shape, the element type (bf16 / f16) pasted into the instruction name.
-#define PAGEDATTN_WGMMA_SS_N64(TYPE)                                              \
-  asm volatile(                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                               \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {"            \
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31" \
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                          \
-        : \
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-        : "l"(desc_a), "l"(desc_b), "r"(1))
-#define PAGEDATTN_WGMMA_SS_N256_TB(TYPE)                                          \
-  asm volatile(                                                                  \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                              \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {"           \
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15," \
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63," \
-      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79," \
-      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95," \
-      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111," \
-      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127" \
-      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"                                        \
-        : \
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-        : "l"(desc_a), "l"(desc_b), "r"(1))
-
-template <typename T>
-struct Wgmma {
-  static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
-  static __device__ __forceinline__ void ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      PAGEDATTN_WGMMA_SS_N64("bf16");
-    } else {
-      PAGEDATTN_WGMMA_SS_N64("f16");
-    }
-  }
-  static __device__ __forceinline__ void ss_n256_tb(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      PAGEDATTN_WGMMA_SS_N256_TB("bf16");
-    } else {
-      PAGEDATTN_WGMMA_SS_N256_TB("f16");
-    }
-  }
-};
-#undef PAGEDATTN_WGMMA_SS_N64
-#undef PAGEDATTN_WGMMA_SS_N256_TB
-#endif
 
 // Byte offset in the cache of key `pos` of `request`, or -1 (past the segment's end, or a page
 // id outside the cache: the row reads as zeros).
@@ -265,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     if (wg == 0) {
 #pragma unroll 1
       for (int tile = 0; tile < num_tiles; ++tile) {
-        if (tile > 0) bar_sync(kBarFull);  // tile's copies landed
+        if (tile > 0) named_barrier::sync<kThreads>(kBarFull);  // tile's copies landed
         const char* kv = stages + (tile & 1) * kTileBytes;
 
         // S (64 x 64) = Q . K^T, 36 k16 steps.
@@ -277,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #pragma unroll
         for (int kk = 0; kk < kLatent / 16; ++kk) {
           const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-          Wgmma<T>::ss_n64(s, wgmma::smem_desc(q_smem + off, 16, 1024), wgmma::smem_desc(kv + off, 16, 1024));
+          wgmma::Ops<T>::ss_n64(s, wgmma::smem_desc(q_smem + off, 16, 1024), wgmma::smem_desc(kv + off, 16, 1024));
         }
         wgmma::commit();
         wgmma::wait<0>();
@@ -310,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
           }
           l[h] = l[h] * alpha[h] + sum;
         }
-        if (tile > 0) bar_sync(kBarPFree);  // WG1's P . V(tile - 1) no longer reads P / alpha
+        if (tile > 0) named_barrier::sync<kThreads>(kBarPFree);  // WG1's P . V(tile - 1) no longer reads P / alpha
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = r_lo + 8 * h;
@@ -322,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
           if (quad_col == 0) alpha_smem[r] = alpha[h];
         }
         wgmma::fence_async_smem();
-        bar_arrive(kBarPReady);
+        named_barrier::arrive<kThreads>(kBarPReady);
 
         // O[:, 0:256) = alpha * O + P . V[:, 0:256).
 #pragma unroll
@@ -336,13 +258,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks) {
-          Wgmma<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+          wgmma::Ops<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
                                wgmma::smem_desc(kv + ks * 16 * 128, kBlockBytes, 1024));
         }
         wgmma::commit();
         wgmma::wait<0>();
         wgmma::reg_fence(o);
-        if (tile + 2 < num_tiles) bar_arrive(kBarPv0Done + (tile & 1));  // stage tile & 1 free on WG0's side
+        if (tile + 2 < num_tiles) named_barrier::arrive<kThreads>(kBarPv0Done + (tile & 1));  // stage tile & 1 free on WG0's side
       }
       // Final row sums and maxima for WG1's epilogue.
 #pragma unroll
@@ -358,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       for (int tile = 0; tile < num_tiles; ++tile) {
         // Page lookups of tile + 2 (their latency hides behind this tile's P . V).
         if (tile + 2 < num_tiles) tile_offsets(p, seg, tile + 2, t1, offsets);
-        bar_sync(kBarPReady);  // P(tile) and alpha(tile) written
+        named_barrier::sync<kThreads>(kBarPReady);  // P(tile) and alpha(tile) written
         const char* kv = stages + (tile & 1) * kTileBytes;
         const float a0 = alpha_smem[r_lo], a1 = alpha_smem[r_lo + 8];
 #pragma unroll
@@ -372,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < kKeys / 16; ++ks) {
-          Wgmma<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+          wgmma::Ops<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
                                wgmma::smem_desc(kv + (kValueCols / 64) * kBlockBytes + ks * 16 * 128, kBlockBytes, 1024));
         }
         wgmma::commit();
@@ -380,13 +302,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         if (tile + 1 < num_tiles) {
           cp_async_wait<0>();
           wgmma::fence_async_smem();
-          bar_arrive(kBarFull);
+          named_barrier::arrive<kThreads>(kBarFull);
         }
         wgmma::wait<0>();
         wgmma::reg_fence(o);
-        if (tile + 1 < num_tiles) bar_arrive(kBarPFree);  // WG0 may overwrite P and alpha
+        if (tile + 1 < num_tiles) named_barrier::arrive<kThreads>(kBarPFree);  // WG0 may overwrite P and alpha
         if (tile + 2 < num_tiles) {
-          bar_sync(kBarPv0Done + (tile & 1));  // WG0's P . V(tile) done: refill the stage with tile + 2
+          named_barrier::sync<kThreads>(kBarPv0Done + (tile & 1));  // WG0's P . V(tile) done: refill the stage with tile + 2
           load_tile(p, offsets, t1, stages + (tile & 1) * kTileBytes);
           cp_async_commit();
         }

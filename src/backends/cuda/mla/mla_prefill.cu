@@ -22,6 +22,7 @@
 // P.V (the row sum uses the f32 P); exp2 via ex2.approx; output rounded once (RNE); LSE f32.
 #include <cuda_runtime.h>
 
+#include "backends/cuda/common/async_primitives.cuh"
 #include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
 #include "backends/cuda/mla/mla_prefill.h"
