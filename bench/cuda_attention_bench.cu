@@ -10,7 +10,7 @@
 //   KV bytes   = sum_r seq_len_r * Hkv * (D + Dv) * sizeof(kv)   (each byte once per group)
 //   FLOPs      = 4 * D * Hq * sum over query rows of visible keys (causal counted exactly)
 //   floor      = max(bytes / copy bandwidth, FLOPs / GEMM rate)
-// Kernel variants (src/backends/cuda/attention_kernel_choice.h): --kernels auto,mma,wgmma,ws,unified,... times each
+// Kernel variants (src/backends/cuda/attention/attention_kernel_choice.h): --kernels auto,mma,wgmma,ws,unified,... times each
 // selected case once per listed variant, in alternation, --passes times (same-run comparisons of
 // old and new paths); the JSON rows then carry "kernel" and "pass".
 #include <cublas_v2.h>
@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "../src/backends/cuda/attention_kernel_choice.h"
-#include "../src/backends/cuda/cuda_backend.h"
+#include "../src/backends/cuda/attention/attention_kernel_choice.h"
+#include "../src/backends/cuda/attention/cuda_backend.h"
 #include "pagedattn/pagedattn.h"
 #include "cuda_bench_common.cuh"
 

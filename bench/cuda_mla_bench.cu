@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "../src/backends/cuda/mla_cuda_backend.h"
-#include "../src/backends/cuda/mla_decode.h"
+#include "../src/backends/cuda/mla/mla_cuda_backend.h"
+#include "../src/backends/cuda/mla/mla_decode.h"
 #include "pagedattn/pagedattn.h"
 #include "cuda_bench_common.cuh"
 

@@ -27,7 +27,7 @@
 #include <numeric>
 #include <random>
 
-#include "backends/cuda/wgmma_common.cuh"
+#include "backends/cuda/common/async_primitives.cuh"
 #include "cuda_bench_common.cuh"
 
 #define CHECK(expr) BENCH_CUDA(expr)
@@ -91,7 +91,7 @@ __device__ __forceinline__ uint64_t* start_ring(const Args& a, char* smem, int f
       mbar::init(full + s, full_count);
       mbar::init(full + kStages + s, 128);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar::fence_init();
   }
   __syncthreads();
   if (threadIdx.x >= 128) {
@@ -151,21 +151,6 @@ __global__ void __launch_bounds__(256, 1) stream_cp_async(const Args a) {
   cp_async_wait<0>();
 }
 
-__device__ __forceinline__ void tma_load_4d(char* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                            uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
-      : "memory");
-}
-__device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
-                   smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
 __global__ void __launch_bounds__(256, 1)
     stream_tma(const Args a, const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap) {
   extern __shared__ __align__(1024) char smem[];
@@ -185,14 +170,14 @@ __global__ void __launch_bounds__(256, 1)
       const int page = ahead;
       if (t + 1 < kTiles && lane < 8) ahead = __ldg(table + (t + 1) * 8 + lane);
       mbar::wait(empty + stage, phase ^ 1u);
-      if (lane == 0) arrive_expect_tx(full + stage, kStageBytes);
+      if (lane == 0) mbar::arrive_expect_tx(full + stage, kStageBytes);
       __syncwarp();
       if (lane < 8) {
         char* dst = smem + stage * kStageBytes + lane * 2048;
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          tma_load_4d(dst + c * kKeys * 128, &kmap, c * 64, head, 0, page, full + stage);
-          tma_load_4d(dst + kTileBytes + c * kKeys * 128, &vmap, c * 64, head, 0, page, full + stage);
+          tma::load_4d(dst + c * kKeys * 128, &kmap, c * 64, head, 0, page, full + stage);
+          tma::load_4d(dst + kTileBytes + c * kKeys * 128, &vmap, c * 64, head, 0, page, full + stage);
         }
       }
       if (++stage == kStages) {

@@ -12,8 +12,8 @@
 
 // One include per backend (CUDA ones under #if PAGEDATTN_HAS_CUDA).
 #if PAGEDATTN_HAS_CUDA
-#include "backends/cuda/cuda_backend.h"
-#include "backends/cuda/mla_cuda_backend.h"
+#include "backends/cuda/attention/cuda_backend.h"
+#include "backends/cuda/mla/mla_cuda_backend.h"
 #endif
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_mla_backend.h"

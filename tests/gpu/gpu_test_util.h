@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <random>
 
-#include "../../src/backends/cuda/cuda_backend.h"
+#include "../../src/backends/cuda/attention/cuda_backend.h"
 #include "pagedattn/pagedattn.h"
 
 #define PAGEDATTN_REQUIRE_GPU()                                                     \

@@ -18,7 +18,7 @@
 #include <set>
 #include <sstream>
 
-#include "../../src/backends/cuda/planner.h"
+#include "../../src/backends/cuda/attention/planner.h"
 #include "conformance/harness.h"
 #include "gpu_test_util.h"
 

@@ -1,4 +1,4 @@
-// The CUDA attention kernel's variants (src/backends/cuda/attention_kernel_choice.h) against the
+// The CUDA attention kernel's variants (src/backends/cuda/attention/attention_kernel_choice.h) against the
 // REFERENCE (fp64) through the conformance harness: the Hopper wgmma prefill path (head sizes 64,
 // 128, 256) and the mma.sync prefill path, each on prefill-heavy batches with every
 // feature: causal chunks with context (ragged 64-row blocks), split-KV prefill items (partials),
@@ -18,9 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "../../src/backends/cuda/attention_kernel_choice.h"
-#include "../../src/backends/cuda/cuda_backend_internal.h"
-#include "../../src/backends/cuda/kernel_launch.h"
+#include "../../src/backends/cuda/attention/attention_kernel_choice.h"
+#include "../../src/backends/cuda/attention/cuda_backend_internal.h"
+#include "../../src/backends/cuda/attention/kernel_launch.h"
+#include "../../src/backends/cuda/common/device_runtime.h"
 #include "conformance/harness.h"
 #include "gpu_test_util.h"
 

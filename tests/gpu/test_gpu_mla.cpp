@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "../../src/backends/cuda/mla_cuda_backend.h"
-#include "../../src/backends/cuda/mla_decode.h"
-#include "../../src/backends/cuda/mla_decode_wgmma.h"
+#include "../../src/backends/cuda/mla/mla_cuda_backend.h"
+#include "../../src/backends/cuda/mla/mla_decode.h"
+#include "../../src/backends/cuda/mla/mla_decode_wgmma.h"
 #include "../../src/backends/mla/mla_common.h"
 #include "../../src/backends/reference/reference_mla.h"
 #include "conformance/mla_harness.h"

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../../src/backends/cuda/mla_cuda_backend.h"
+#include "../../src/backends/cuda/mla/mla_cuda_backend.h"
 #include "gpu_test_util.h"
 #include "pagedattn/pagedattn.h"
 

@@ -5,7 +5,7 @@ target_compile_options(${PAGEDATTN_MODULE_TARGET} PRIVATE $<$<COMPILE_LANGUAGE:C
 if(PAGEDATTN_CUDA_VERBOSE)
   target_compile_options(${PAGEDATTN_MODULE_TARGET} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
 endif()
-# mla_device_ops.cu: mla::cuda_batched_gemm runs on cuBLAS. The `pagedattn` library target is
+# mla/mla_device_ops.cu: mla::cuda_batched_gemm runs on cuBLAS. The `pagedattn` library target is
 # created after the modules (src/CMakeLists.txt), so its link is deferred to the end of this
 # directory.
 if(PAGEDATTN_HAS_CUDA)

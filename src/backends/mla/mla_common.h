@@ -8,7 +8,7 @@
 //                             attention (forward_decode), up-projected prefill through the
 //                             selected MLAPrefillBackend, chunk loop and LSE merge
 //   batched_gemm / copy_3d    the device primitives the run needs (CPU here, CUDA in
-//                             src/backends/cuda/mla_device_ops.cu)
+//                             src/backends/cuda/mla/mla_device_ops.cu)
 //
 // The REFERENCE_MLA backend does NOT use MLACommonImpl: it is the independent fp64 oracle of the
 // un-absorbed formula. It does use MLACommonMetadataBuilder (the plan is what it reads).
@@ -92,7 +92,7 @@ void batched_gemm(Device device, int batch, int m, int n, int k, const MatrixRef
 // allowed in src (broadcast). The innermost dim of both is contiguous.
 void copy_3d(const TensorView& src, const TensorView& dst);
 #if PAGEDATTN_HAS_CUDA
-// CUDA implementations (src/backends/cuda/mla_device_ops.cu), called by the two above.
+// CUDA implementations (src/backends/cuda/mla/mla_device_ops.cu), called by the two above.
 void cuda_batched_gemm(int batch, int m, int n, int k, const MatrixRef& a, const MatrixRef& b,
                        const MutableMatrixRef& c);
 void cuda_copy_3d(const TensorView& src, const TensorView& dst);

@@ -1,5 +1,5 @@
 // MLA device primitives (mla_common.h): batched_gemm and copy_3d, dispatched on the device; the
-// host implementations live here, the CUDA ones in src/backends/cuda/mla_device_ops.cu.
+// host implementations live here, the CUDA ones in src/backends/cuda/mla/mla_device_ops.cu.
 //
 // batched_gemm: C[b] (m, n) = A[b] (m, k) · B[b] (k, n), operands f32/f16/bf16 with any strides.
 //   Tiling (host): one task per (batch b, column panel of kNB = 128, row block of kMB = 64);

@@ -12,7 +12,7 @@
 
 // One include per prefill backend (CUDA ones under #if PAGEDATTN_HAS_CUDA).
 #if PAGEDATTN_HAS_CUDA
-#include "backends/cuda/mla_cuda_backend.h"
+#include "backends/cuda/mla/mla_cuda_backend.h"
 #endif
 #include "backends/cpu/cpu_mla_prefill.h"
 #include "backends/reference/reference_mla.h"

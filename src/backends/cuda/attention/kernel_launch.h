@@ -1,0 +1,37 @@
+// Host-side entry points of the CUDA attention kernels (no CUDA types: streams are void*).
+// Every function enqueues on `stream` and returns without synchronizing; a launch failure throws
+// pagedattn::Error naming the kernel and cudaGetErrorString.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/attention/attention_plan.h"
+#include "pagedattn/dtype.h"
+
+namespace pagedattn::cuda {
+
+// Head sizes with a compiled attention kernel.
+inline constexpr int kSupportedHeadSizes[] = {64, 80, 96, 128, 192, 256};
+bool attention_head_size_supported(int head_size);
+
+struct AttentionKernelInfo {
+  int smem_bytes = 0;       // dynamic shared memory per CTA
+  int ctas_per_sm = 0;      // resident CTAs per multiprocessor (occupancy)
+  int rows_prefill = 0;     // rows of a prefill-path item
+  int decode_ctas_per_sm = 0;  // the decode-only kernel's occupancy; 0: none for this head size
+  bool warp_specialized = false;  // the paged attention launches run the warp-specialized kernel
+};
+// Sets the kernel's shared-memory attribute on the current device (once) and reports its
+// occupancy. activation: f16 or bf16; fp8_kv: the cache holds fp8.
+AttentionKernelInfo attention_kernel_info(int head_size, DType activation, bool fp8_kv);
+
+// Launches the paged attention kernel with `grid` persistent CTAs; decode_kernel: the decode-only
+// kernel instead (every item of the plan is a decode-path item; decode_ctas_per_sm > 0).
+void launch_paged_attention(const AttentionKernelParams& params, int head_size, DType activation,
+                            bool fp8_kv, int grid, bool decode_kernel, void* stream);
+
+// Merges split partials (CombineItem list) into the output; `grid` persistent CTAs.
+void launch_combine_splits(const CombineKernelParams& params, DType activation, int grid,
+                           void* stream);
+
+}  // namespace pagedattn::cuda

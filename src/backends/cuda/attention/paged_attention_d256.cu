@@ -1,0 +1,8 @@
+// Paged attention kernels for head size 256 (f16 / bf16 activations, 16-bit or fp8 KV). One file
+// per head size so that the instantiations compile in parallel.
+#include "backends/cuda/attention/attention_launch.cuh"
+
+namespace pagedattn::cuda {
+template AttentionKernelInfo attention_kernel_info_d<256>(DType, bool);
+template void launch_paged_attention_d<256>(const AttentionKernelParams&, DType, bool, int, bool, void*);
+}  // namespace pagedattn::cuda

@@ -1,0 +1,619 @@
+// Warp-specialized Hopper kernel of the paged attention (kVariantWs, attention_kernel_choice.h):
+// 16-bit caches, head sizes D = 64 and 128 (head_size == head_size_v == D), sm_90a. It computes
+// exactly what paged_attention_kernel computes for the same plan (attention_plan.h: every work
+// item, decode-path or prefill-path, split or not), with one code path for both kinds of item.
+//
+// CTA: 3 warpgroups, 1 CTA per SM, persistent over the plan's items (the strided schedule of the
+// other kernels, odd CTAs walking theirs backwards: ws_for_each_item).
+//   producer (warpgroup 0, 40 registers after setmaxnreg at D = 128, 56 at 64): copies with
+//            cp.async (16-byte chunks, 8 threads a key row, zero-filled outside the item's key
+//            range) the item's packed query rows and its K/V tiles of 128 keys into a ring of
+//            kStages stages; each thread signals a stage's "full" barrier when its own copies
+//            have landed (cp.async.mbarrier.arrive.noinc), waits for the "empty" barrier before
+//            refilling.
+//            Page ids are read two tiles ahead (WsKvCopier). It runs ahead of the consumers across
+//            items: a consumer releases the Q buffer as soon as its last S of the item is done,
+//            so the next item's Q and first tiles are in flight while the last P . V products run.
+//            The usual cache (paged, power-of-two pages, K and V with the same strides) takes a
+//            branch-free copy path: ~263 instructions a warp and tile instead of ~480 (ncu), which
+//            lifted one SM's decode stream from ~37 to ~51 GB/s (the producer's issue rate, not
+//            the memory, was the limit: a bare cp.async ring streams 137 GB/s an SM,
+//            bench/sm_stream_probe.cu).
+//   consumers (warpgroups 1 and 2, 232 / 224 registers): each owns 64 of the item's 128 packed rows
+//            (the wgmma M) and sees every key tile; a consumer whose rows see none of a tile's
+//            keys (causal tails) only waits for and releases the stage; a warp without live rows
+//            skips the softmax. Decode-path items (<= 16 rows): both consumers take the same rows
+//            and alternate tiles (consumer wg computes tiles t % 2 == wg); consumer 0 leaves its
+//            state (O, m, l) in its last stage and consumer 1 merges it (one named barrier).
+// Per consumer and tile t of a prefill-path item (FlashAttention-3's in-warpgroup pipelining;
+// registers: S 64, O D/2, P 32 a thread):
+//   issue S_{t+1} = Q . K_{t+1}^T   (wgmma m64n128k16, both operands in shared memory, K-major)
+//   issue O += P_t . V_t            (wgmma m64nDk16, P from registers, V N-major)
+//   wait for S_{t+1}; logit transform / masks (transform_scores) and online softmax of S_{t+1}
+//        while P_t . V_t runs on the tensor core;
+//   wait for P_t . V_t; release stage t; O *= the correction of t+1; P_{t+1} packed.
+// The two consumers run unsynchronized: one's softmax overlaps the other's MMAs too.
+// Decode-path items (<= 16 rows, copy-bound) run each tile in order (S, softmax, P . V) and
+// release its stage at once, which keeps more stages in flight than the pipelined order (that one
+// holds stage t until tile t + 1 has landed); the two consumers' chains overlap.
+// Schedule: persistent, strided like the other kernels, odd CTAs walking their items backwards
+// (ws_for_each_item), so a mixed batch keeps prefill and decode items on the device together.
+//
+// Shared memory (1024-byte aligned, every tile 128-byte swizzled as column blocks of rows x 128
+// bytes, async_primitives.cuh): kQBuffers x Q (2 x 64 rows x D), kStages x [K tile, V tile] (128 keys
+// x D each), then the barriers. D = 128: 32 KB + 3 x 64 KB = 224 KB; D = 64: 2 x 16 KB + 4 x
+// 32 KB = 160 KB. The decode merge borrows a stage (34 KB at D = 128).
+//
+// Memory traffic and floor: each K/V byte of an item's key range once per item (the GQA group
+// packed into the rows, so once per group for decodes), Q and O once; floor = max(KV bytes / copy
+// bandwidth, 4 * rows * visible keys * D / MMA rate). A decode item wastes MMA rows (4 live of
+// 64) but its tile time is the copy's, about 2 us per 64 KB tile at a 132nd of 4.2 TB/s, against
+// ~1 us of MMA + softmax: still copy-bound. Measured (H200, docs/perf/cuda.md 2026-11-26): decode
+// b128x4k 4.35 TB/s (the copy floor), prefill 4 x 4k causal 436 TFLOP/s (56% of cuBLAS), the
+// mixed batch 0.183 ms.
+//
+// Precision points: as the other paths (f32 logits, softmax state and O; P rounded to the
+// activation type for P . V, the row sums from the f32 P; output rounded once).
+//
+// Not sm_90a: the body is a trap and the host never selects this variant.
+#pragma once
+
+#include "backends/cuda/attention/paged_prefill_wgmma.cuh"
+
+namespace pagedattn::cuda {
+
+template <int D>
+struct WsTraits {
+  static constexpr bool kSupported = D == 64 || D == 128;
+  static constexpr int kThreads = 384;
+  // Register split, producer + 2 x consumer = 3 x 168 (the launch bound's budget): D = 64's
+  // consumers hold half the O registers, so its producer gets 56 (40 spilled its fast copy path).
+  static constexpr int kProducerRegs = D == 128 ? 40 : 56;
+  static constexpr int kConsumerRegs = D == 128 ? 232 : 224;
+  static constexpr int kRows = 128;          // packed rows of an item (64 a consumer)
+  static constexpr int kKeys = 128;          // keys of a tile
+  static constexpr int kColBlocks = D / 64;
+  static constexpr int kQTileBytes = kColBlocks * 64 * 128;     // one consumer's 64 rows
+  static constexpr int kQBytes = 2 * kQTileBytes;
+  static constexpr int kKvTileBytes = kColBlocks * kKeys * 128;  // 128 keys x D
+  static constexpr int kStageBytes = 2 * kKvTileBytes;
+  static constexpr int kQBuffers = D == 128 ? 1 : 2;
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kBarrierOffset = kQBuffers * kQBytes + kStages * kStageBytes;
+  static constexpr int kBarriers = 2 * kStages + 2 * kQBuffers;
+  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
+  static constexpr int kChunksPerThread = D / 64;      // 16-byte chunks of a row, 8 threads a row
+  static constexpr int kRowsPerThread = kKeys / 16;    // 128 producer threads = 16 rows a pass
+};
+
+
+// Per-item tile range of this kernel (tiles of 128 keys; ItemContext's are of 64).
+struct WsTiles {
+  int base;
+  int count;
+};
+__device__ __forceinline__ WsTiles ws_tiles(const ItemContext& ctx, int keys) {
+  WsTiles t;
+  t.base = (ctx.item.kv_start / keys) * keys;
+  t.count = ctx.item.kv_end > ctx.item.kv_start ? (ctx.item.kv_end - t.base + keys - 1) / keys : 0;
+  return t;
+}
+
+// Barriers in shared memory: full / empty per stage, Q full / Q empty per Q buffer.
+template <int D>
+struct WsBarriers {
+  uint64_t* base;
+  __device__ __forceinline__ uint64_t* full(int s) const { return base + s; }
+  __device__ __forceinline__ uint64_t* empty(int s) const { return base + WsTraits<D>::kStages + s; }
+  __device__ __forceinline__ uint64_t* q_full(int b) const { return base + 2 * WsTraits<D>::kStages + b; }
+  __device__ __forceinline__ uint64_t* q_empty(int b) const {
+    return base + 2 * WsTraits<D>::kStages + WsTraits<D>::kQBuffers + b;
+  }
+};
+
+// Ring position of the pipeline: stage index and the parity of its current use.
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+  template <int kStages>
+  __device__ __forceinline__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// Producer: copies of one item's query rows (zero rows past the item) into a Q buffer. A thread
+// takes rows pt / 8 + 16 i and their chunks pt % 8 + 8 k, so each row's token and head (integer
+// divisions by the group size) are computed once per row, not per 16-byte chunk as in the wgmma
+// path's load_q_swizzled (which, reused here, cost 5% of prefill and 3% of the mixed batch).
+template <int D, typename T>
+__device__ __forceinline__ void ws_load_q(const AttentionKernelParams& p, const ItemContext& ctx, char* q_smem,
+                                          int pt) {
+  using W = WsTraits<D>;
+  const int lane_chunk = pt & 7;
+#pragma unroll 1
+  for (int row = pt >> 3; row < W::kRows; row += 16) {
+    const bool valid = row < ctx.item.num_rows;
+    const T* src = static_cast<const T*>(p.query);
+    if (valid) src += row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride;
+#pragma unroll
+    for (int k = 0; k < W::kChunksPerThread; ++k) {
+      const int c = lane_chunk + 8 * k;
+      cp_async_16(q_smem + (row >> 6) * W::kQTileBytes + swizzled_offset<64>(row & 63, c), src + c * 8, valid);
+    }
+  }
+}
+
+// Producer: the K/V rows of one thread. Thread pt copies rows pt / 8 + 16 i (i < 8) of every tile,
+// 16-byte chunks pt % 8 + 8 k: a warp request covers whole 128-byte lines of 4 rows. Per item the
+// thread's source bases (head and chunk offsets folded in) and 32-bit byte strides are set once
+// (the host picks this kernel only when the strides fit 32 bits: ws_strides_fit); per row the
+// address is a 32-bit multiply and one 32 x 32 -> 64-bit multiply-add per K and V, the
+// destination an immediate offset (row i is 2 KB further; rows pt / 8 + 16 i share a swizzle).
+// The page ids of a tile are read two tiles ahead and checked only when copied, so the block-table
+// load (about a DRAM latency when the copies saturate the memory) never stalls the producer: with
+// the load consumed one tile after it was issued, the producer's tile rate fell to ~27 GB/s an SM.
+// Invalid rows (outside the item's range, ids outside the cache) copy zeros from a row of page 0.
+template <int D>
+struct WsKvCopier {
+  using W = WsTraits<D>;
+  static constexpr int kRows = W::kRowsPerThread;
+  const char* k_base;
+  int64_t kv_delta;      // V source - K source (bytes)
+  const int32_t* table;  // the request's block-table row; nullptr: not paged
+  uint32_t k_block, k_token;  // byte strides (V's are read from p: the general path only)
+  uint32_t num_blocks;   // ids >= this read as zeros
+  uint32_t mask;         // block_size - 1 (fast path)
+  int shift;             // log2(block_size) (fast path)
+  int row0;
+  int dst0;              // byte offset of row row0, chunk pt % 8, in a K tile
+  int cur[kRows];        // page ids (paged; 0 not paged) of the tile to copy; -1: zeros
+  int ahead[kRows];      // those of the tile after it (loads in flight)
+
+  __device__ __forceinline__ void begin_item(const AttentionKernelParams& p, const ItemContext& ctx, int pt) {
+    const int lane_chunk = pt & 7;
+    row0 = pt >> 3;
+    dst0 = swizzled_offset<W::kKeys>(row0, lane_chunk);
+    k_base = static_cast<const char*>(p.key) + (static_cast<int64_t>(ctx.item.kv_head) * p.k_head_stride + lane_chunk * 8) * 2;
+    const char* v_base =
+        static_cast<const char*>(p.value) + (static_cast<int64_t>(ctx.item.kv_head) * p.v_head_stride + lane_chunk * 8) * 2;
+    if (p.paged) {
+      table = p.block_table + ctx.item.request * p.block_table_stride;
+      k_block = static_cast<uint32_t>(p.k_block_stride * 2);
+    } else {  // rows of the current K/V: token query_start + position
+      k_base += static_cast<int64_t>(ctx.item.query_start) * p.k_token_stride * 2;
+      v_base += static_cast<int64_t>(ctx.item.query_start) * p.v_token_stride * 2;
+      table = nullptr;
+      k_block = 0;
+    }
+    kv_delta = v_base - k_base;
+    k_token = static_cast<uint32_t>(p.k_token_stride * 2);
+    num_blocks = p.paged ? static_cast<uint32_t>(min(p.num_blocks, static_cast<int64_t>(0x7fffffff))) : 0x7fffffffu;
+    shift = ctx.block_shift;
+    mask = static_cast<uint32_t>(p.block_size - 1);
+  }
+  // Paged, power-of-two pages, K and V with the same strides (the usual cache): the fast path.
+  __device__ __forceinline__ static bool fast_path(const AttentionKernelParams& p, const ItemContext& ctx) {
+    return p.paged && ctx.block_shift >= 0 && p.k_block_stride == p.v_block_stride &&
+           p.k_token_stride == p.v_token_stride;
+  }
+
+  // Reads the page ids of the rows of the tile at key0 into `ahead` (not waited for: only copy()
+  // looks at them, one tile later). Fast path: branch-free (the position clamped into the item's
+  // range, so the table read stays inside the request's row).
+  template <bool kFast>
+  __device__ __forceinline__ void fetch(const AttentionKernelParams& p, const ItemContext& ctx, int key0) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int pos = key0 + row0 + 16 * i;
+      const bool in_range = pos >= ctx.item.kv_start && pos < ctx.item.kv_end;
+      if constexpr (kFast) {
+        const int clamped = min(max(pos, ctx.item.kv_start), ctx.item.kv_end - 1);
+        const int id = __ldg(table + (clamped >> shift));
+        ahead[i] = in_range ? id : -1;
+      } else {
+        ahead[i] = in_range ? 0 : -1;
+        if (table != nullptr && in_range) ahead[i] = __ldg(table + page_index(p, ctx, pos));
+      }
+    }
+  }
+  // The ahead ids become the current ones; the ids of the tile at key0 (when `more`) are read.
+  template <bool kFast>
+  __device__ __forceinline__ void shift_ids(const AttentionKernelParams& p, const ItemContext& ctx, int key0,
+                                            bool more) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) cur[i] = ahead[i];
+    if (more) fetch<kFast>(p, ctx, key0);
+  }
+
+  // Issues the copies of the fetched tile at key0 into a stage ([K tile][V tile]). The row's
+  // position in its page: pos & (block_size - 1) for power-of-two pages (a uniform branch).
+  // Fast path: one offset for K and V (same strides), no branch.
+  template <bool kFast>
+  __device__ __forceinline__ void copy(const AttentionKernelParams& p, const ItemContext& ctx, int key0,
+                                       char* stage) const {
+    const bool pow2 = ctx.block_shift >= 0;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int pos = key0 + row0 + 16 * i;
+      const bool valid = static_cast<uint32_t>(cur[i]) < num_blocks;  // -1 and ids outside the cache: zeros
+      const uint32_t block = valid ? static_cast<uint32_t>(cur[i]) : 0u;
+      const char* k_src;
+      const char* v_src;
+      if constexpr (kFast) {
+        const uint32_t row = static_cast<uint32_t>(pos) & mask;
+        k_src = k_base + (static_cast<uint64_t>(block) * k_block + static_cast<uint64_t>(row) * k_token);
+        v_src = k_src + kv_delta;
+      } else {
+        uint32_t row;  // token within the page (paged) or position (not paged)
+        if (table == nullptr) {
+          row = valid ? static_cast<uint32_t>(pos) : 0u;
+        } else if (pow2) {
+          row = static_cast<uint32_t>(pos) & mask;
+        } else {
+          row = static_cast<uint32_t>(pos - page_index(p, ctx, pos) * p.block_size);
+        }
+        k_src = k_base + (static_cast<uint64_t>(block) * k_block + static_cast<uint64_t>(row) * k_token);
+        const uint32_t v_block = p.paged ? static_cast<uint32_t>(p.v_block_stride * 2) : 0u;
+        const uint32_t v_token = static_cast<uint32_t>(p.v_token_stride * 2);
+        v_src = k_base + kv_delta + (static_cast<uint64_t>(block) * v_block + static_cast<uint64_t>(row) * v_token);
+      }
+      char* dst = stage + dst0 + i * 16 * 128;
+#pragma unroll
+      for (int k = 0; k < W::kChunksPerThread; ++k) {
+        cp_async_16(dst + k * W::kKeys * 128, k_src + k * 128, valid);
+        cp_async_16(dst + W::kKvTileBytes + k * W::kKeys * 128, v_src + k * 128, valid);
+      }
+    }
+  }
+};
+
+// Producer: one item's tiles (Q first), the copier's fast or general path.
+template <int D, typename T, bool kFast>
+__device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, const ItemContext& ctx,
+                                                WsKvCopier<D>& copier, char* smem, const WsBarriers<D>& bars,
+                                                RingPos& ring, int n, int pt) {
+  using W = WsTraits<D>;
+  char* stages = smem + W::kQBuffers * W::kQBytes;
+  const WsTiles tiles = ws_tiles(ctx, W::kKeys);
+  const int qb = n % W::kQBuffers;
+  if (tiles.count > 0) copier.template fetch<kFast>(p, ctx, tiles.base);
+  copier.template shift_ids<kFast>(p, ctx, tiles.base + W::kKeys, tiles.count > 1);
+  // Q first: its buffer frees when the consumers have issued the previous item's last S
+  // (about a tile before they release its last stages), so the next item's Q and first
+  // tiles land while they finish it.
+  mbar::wait(bars.q_empty(qb), ((n / W::kQBuffers) & 1) ^ 1u);
+  ws_load_q<D, T>(p, ctx, smem + qb * W::kQBytes, pt);
+  mbar::arrive_on_copies(bars.q_full(qb));
+#pragma unroll 1
+  for (int t = 0; t < tiles.count; ++t) {
+    const int key0 = tiles.base + t * W::kKeys;
+    mbar::wait(bars.empty(ring.stage), ring.phase ^ 1u);
+    copier.template copy<kFast>(p, ctx, key0, stages + ring.stage * W::kStageBytes);
+    mbar::arrive_on_copies(bars.full(ring.stage));
+    copier.template shift_ids<kFast>(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
+    ring.template advance<W::kStages>();
+  }
+}
+
+// Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..; decode-path items:
+// rows 0.. and every other tile, merged into consumer 1), then its output.
+template <int D, typename T>
+__device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContext& ctx, char* smem,
+                                const WsBarriers<D>& bars, RingPos& ring, int qb, uint32_t q_phase, int wg) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using W = WsTraits<D>;
+  const int warp = (threadIdx.x >> 5) & 3;
+  const int lane = threadIdx.x & 31;
+  const int quad_row = lane >> 2;
+  const int quad_col = lane & 3;
+  const WsTiles tiles = ws_tiles(ctx, W::kKeys);
+  // Decode-path items (<= 16 rows): both consumers take the same rows (Q tile 0) and split the
+  // tiles, consumer wg computing tiles t % 2 == wg; consumer 1 merges consumer 0's state at the end.
+  const bool decode = (ctx.item.flags & kItemDecodePath) != 0;
+  char* q_smem = smem + qb * W::kQBytes + (decode ? 0 : wg) * W::kQTileBytes;
+  char* stages = smem + W::kQBuffers * W::kQBytes;
+
+  // Tiles this warpgroup computes: a prefix (visibility is monotone in the row position; the
+  // last live row of the 64 sees the most).
+  const int first_row = decode ? 0 : 64 * wg;
+  const int last_row = min(first_row + 63, ctx.item.num_rows - 1);
+  const int block_hi = first_row < ctx.item.num_rows ? make_row_range(p, ctx, last_row).hi : -1;
+  const int active = block_hi < tiles.base ? 0 : min(tiles.count, (block_hi - tiles.base) / W::kKeys + 1);
+  const bool warp_live = first_row + 16 * warp < ctx.item.num_rows;
+  // Decode items: consumer 1 writes the rows when both computed tiles (merged), else consumer 0;
+  // the writer's state holds the sink.
+  const bool writes = !decode || wg == (active >= 2 ? 1 : 0);
+
+  const int r0 = first_row + 16 * warp + quad_row;  // this thread's rows r0, r0 + 8
+  RowRange rows[2];
+  float m[2], l[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    rows[e] = make_row_range(p, ctx, r0 + 8 * e);
+    init_row_state(p, ctx, r0 + 8 * e, writes, m[e], l[e]);
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  uint32_t pa[8][4];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
+  float s[16][4];
+  const bool general = p.soft_cap > 0.f || p.alibi_slopes != nullptr;
+  const uint64_t q_desc = wgmma::smem_desc(q_smem, 16, 1024);
+
+  mbar::wait(bars.q_full(qb), q_phase);
+  __syncwarp();
+  wgmma::fence_async_smem();
+
+  // Softmax of the scores of the tile at key0 (in s); returns the corrections of the two rows.
+  auto softmax = [&](int key0, float& c0, float& c1) {
+    const bool masked = key0 < ctx.lo_max || key0 + W::kKeys - 1 > ctx.hi_min;
+    const float factor = transform_scores<16>(s, p, ctx, rows, r0, key0, general, masked);
+    c0 = online_softmax_row<16>(s, 0, factor, m[0], l[0]);
+    c1 = online_softmax_row<16>(s, 1, factor, m[1], l[1]);
+  };
+
+  // Decode items: consumer 0's last tile (its stage holds consumer 0's state for the merge).
+  const int merge_tile = decode && active >= 2 ? ((active - 1) & ~1) : -1;
+  const RingPos item_ring = ring;
+  if (decode) {
+    // Decode items are copy-bound: each stage is released as soon as its tile is done (S, softmax,
+    // P . V in order), so the producer keeps the other stages in flight; the pipelined order
+    // below holds stage t until tile t + 1 has landed (S_{t+1} is issued with P_t . V_t).
+    // The two consumers take alternate tiles: with the fast copy path one consumer's chain of S,
+    // softmax and P . V per tile was the next limit of an SM's decode stream (b64x2k on 33 SMs:
+    // 1.34 -> 1.70 TB/s with both), which sets how much a mixed batch can overlap.
+    const int own_last = active - 1 - ((active - 1 - wg) & 1);  // < 0: no tile of this consumer
+    if (own_last < 0 && active > 0) mbar::arrive(bars.q_empty(qb));  // (active == 0: below)
+#pragma unroll 1
+    for (int t = 0; t < active; ++t) {
+      mbar::wait(bars.full(ring.stage), ring.phase);
+      if ((t & 1) != wg) {  // the other consumer's tile
+        mbar::arrive(bars.empty(ring.stage));
+        ring.template advance<W::kStages>();
+        continue;
+      }
+      __syncwarp();
+      wgmma::fence_async_smem();
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      const char* stage = stages + ring.stage * W::kStageBytes;
+      issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stage, 16, 1024));
+      wgmma::wait<0>();
+      wgmma::reg_fence(s);
+      if (t == own_last) mbar::arrive(bars.q_empty(qb));  // its last S: Q may be refilled
+      if (warp_live) {
+        float c0, c1;
+        softmax(tiles.base + t * W::kKeys, c0, c1);
+        rescale_o(o, c0, c1);
+        pack_p<T>(s, pa);
+      }
+      wgmma::reg_fence(pa);
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      issue_pv<D, T>(o, pa, wgmma::smem_desc(stage + W::kKvTileBytes, W::kKeys * 128, 1024));
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+      wgmma::reg_fence(pa);
+      if (t != merge_tile) mbar::arrive(bars.empty(ring.stage));  // merge_tile: released after the merge
+      ring.template advance<W::kStages>();
+    }
+  } else {
+    if (active > 0) {  // S_0 and P_0
+      mbar::wait(bars.full(ring.stage), ring.phase);
+      __syncwarp();
+      wgmma::fence_async_smem();
+      wgmma::fence();
+      issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stages + ring.stage * W::kStageBytes, 16, 1024));
+      wgmma::wait<0>();
+      wgmma::reg_fence(s);
+      if (active == 1) mbar::arrive(bars.q_empty(qb));  // the only S: Q may be refilled
+      if (warp_live) {
+        float c0, c1;
+        softmax(tiles.base, c0, c1);  // O is zero: no rescale
+        pack_p<T>(s, pa);
+      }
+    }
+    // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
+  #pragma unroll 1
+    for (int t = 0; t + 1 < active; ++t) {
+      RingPos nxt = ring;
+      nxt.template advance<W::kStages>();
+      mbar::wait(bars.full(nxt.stage), nxt.phase);
+      __syncwarp();
+      wgmma::fence_async_smem();
+      wgmma::reg_fence(pa);
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stages + nxt.stage * W::kStageBytes, 16, 1024));
+      issue_pv<D, T>(o, pa,
+                        wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
+      wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
+      wgmma::reg_fence(s);
+      if (t + 2 == active) mbar::arrive(bars.q_empty(qb));  // that was the last S: Q may be refilled
+      float c0 = 1.f, c1 = 1.f;
+      if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+      wgmma::reg_fence(pa);
+      mbar::arrive(bars.empty(ring.stage));
+      rescale_o(o, c0, c1);
+      pack_p<T>(s, pa);
+      ring = nxt;
+    }
+    if (active > 0) {  // the last computed tile: P . V alone
+      wgmma::reg_fence(pa);
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      issue_pv<D, T>(o, pa,
+                        wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+      mbar::arrive(bars.empty(ring.stage));
+      ring.template advance<W::kStages>();
+    }
+  }
+  // Tiles none of this warpgroup's rows sees: wait for each (phase order), release it.
+#pragma unroll 1
+  for (int t = active; t < tiles.count; ++t) {
+    mbar::wait(bars.full(ring.stage), ring.phase);
+    mbar::arrive(bars.empty(ring.stage));
+    ring.template advance<W::kStages>();
+  }
+  if (active == 0) mbar::arrive(bars.q_empty(qb));  // no S read Q
+
+  // Decode items: consumer 0 leaves its state (O, m, l of every thread) in the K/V tile of its
+  // last stage, consumer 1 merges it into its own and releases that stage.
+  if (merge_tile >= 0) {
+    RingPos mp = item_ring;
+    for (int t = 0; t < merge_tile; ++t) mp.template advance<W::kStages>();
+    float* scratch = reinterpret_cast<float*>(stages + mp.stage * W::kStageBytes) + (threadIdx.x & 127);
+    constexpr int kStride = 128;  // element e of thread i at e * 128 + i: conflict-free
+    static_assert((D / 2 + 4) * 128 * 4 <= W::kStageBytes, "merge scratch fits a stage");
+    if (wg == 0 && warp_live) {
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) scratch[(4 * d + j) * kStride] = o[d][j];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        scratch[(D / 2 + e) * kStride] = m[e];
+        scratch[(D / 2 + 2 + e) * kStride] = l[e];
+      }
+    }
+    named_barrier::sync<256>(1);  // consumer 0's state written
+    if (wg == 1) {
+      if (warp_live) {
+        float c_own[2], c_other[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float m_other = scratch[(D / 2 + e) * kStride];
+          const float l_other = scratch[(D / 2 + 2 + e) * kStride];
+          const float m_new = fmaxf(m[e], m_other);
+          const float base = m_new == neg_inf() ? 0.f : m_new;
+          c_own[e] = fast_exp2(m[e] - base);
+          c_other[e] = fast_exp2(m_other - base);
+          l[e] = l[e] * c_own[e] + l_other * c_other[e];
+          m[e] = m_new;
+        }
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) o[d][j] = o[d][j] * c_own[j >> 1] + scratch[(4 * d + j) * kStride] * c_other[j >> 1];
+      }
+      mbar::arrive(bars.empty(mp.stage));  // with its own arrival: the stage's 256
+    }
+  }
+
+  // Epilogue: normalized rows straight from registers (16-bit pairs, or f32 partials for a split).
+  const bool split = ctx.item.partial_row >= 0;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int r = r0 + 8 * e;
+    const float lsum = quad_sum(l[e]);
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+    const float out_scale = inv * ctx.v_scale;
+    const float lse = lse_from_state(m[e], lsum);
+    if (r >= ctx.item.num_rows || !writes) continue;
+    if (split) {
+      float* dst = p.partial_out + static_cast<int64_t>(ctx.item.partial_row + r) * D + 2 * quad_col;
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d) {
+        *reinterpret_cast<float2*>(dst + d * 8) = make_float2(o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale);
+      }
+      if (quad_col == 0) p.partial_lse[ctx.item.partial_row + r] = lse;
+    } else {
+      T* dst = static_cast<T*>(p.output) + row_token(ctx, r) * p.o_token_stride + row_head(ctx, r) * p.o_head_stride +
+               2 * quad_col;
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d) {
+        *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale);
+      }
+      if (quad_col == 0 && p.lse != nullptr) {
+        p.lse[row_head(ctx, r) * p.lse_head_stride + static_cast<int64_t>(row_token(ctx, r)) * p.lse_token_stride] =
+            lse;
+      }
+    }
+  }
+#else
+  (void)p;
+  (void)ctx;
+  (void)smem;
+  (void)bars;
+  (void)ring;
+  (void)qb;
+  (void)q_phase;
+  (void)wg;
+  __trap();
+#endif
+}
+
+// Calls f(item index, n) for this CTA's items (the strided schedule of the other kernels: items
+// blockIdx.x + k * gridDim.x), n counting them. Odd CTAs walk their list backwards: the plan puts
+// the costliest items first (attention planner), so in a mixed batch half the SMs start on the
+// MMA-bound prefill items while the other half streams decodes, and the two halves swap, instead
+// of every SM prefilling, then every SM decoding against the memory bound (mixed 64 decodes at 2k
+// + 2 chunks of 512: 0.199 -> 0.183 ms, docs/perf/cuda.md). Each CTA's items are the same either way.
+template <class F>
+__device__ __forceinline__ void ws_for_each_item(const AttentionKernelParams& p, F&& f) {
+  const int num_items = p.header->num_work_items;
+  const int cta = static_cast<int>(blockIdx.x);
+  const int grid = static_cast<int>(gridDim.x);
+  const int count = cta < num_items ? (num_items - 1 - cta) / grid + 1 : 0;
+  const bool backwards = (cta & 1) != 0;
+  for (int n = 0; n < count; ++n) f(cta + (backwards ? count - 1 - n : n) * grid, n);
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_kernel(const AttentionKernelParams p) {
+  using W = WsTraits<D>;
+  static_assert(W::kSupported);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  const WsBarriers<D> bars{reinterpret_cast<uint64_t*>(smem + W::kBarrierOffset)};
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < W::kStages; ++s) {
+      mbar::init(bars.full(s), 128);   // every producer thread, when its copies landed
+      mbar::init(bars.empty(s), 256);  // every consumer thread
+    }
+    for (int b = 0; b < W::kQBuffers; ++b) {
+      mbar::init(bars.q_full(b), 128);
+      mbar::init(bars.q_empty(b), 256);
+    }
+  }
+  __syncthreads();
+  const int role = threadIdx.x >> 7;  // 0: producer, 1 / 2: consumers
+  if (role == 0) {
+    warpgroup_regs_dec<W::kProducerRegs>();
+    const int pt = threadIdx.x;
+    RingPos ring;
+    WsKvCopier<D> copier;
+    ws_for_each_item(p, [&](int i, int n) {
+      const ItemContext ctx = make_item_context(p, p.items[i]);
+      copier.begin_item(p, ctx, pt);
+      if (WsKvCopier<D>::fast_path(p, ctx)) {
+        ws_produce_item<D, T, true>(p, ctx, copier, smem, bars, ring, n, pt);
+      } else {
+        ws_produce_item<D, T, false>(p, ctx, copier, smem, bars, ring, n, pt);
+      }
+    });
+    cp_async_wait<0>();
+  } else {
+    warpgroup_regs_inc<W::kConsumerRegs>();
+    RingPos ring;
+    ws_for_each_item(p, [&](int i, int n) {
+      const ItemContext ctx = make_item_context(p, p.items[i]);
+      ws_consume_item<D, T>(p, ctx, smem, bars, ring, n % W::kQBuffers, (n / W::kQBuffers) & 1, role - 1);
+    });
+  }
+#else
+  (void)p;
+  __trap();
+#endif
+}
+
+}  // namespace pagedattn::cuda

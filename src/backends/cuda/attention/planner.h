@@ -1,0 +1,76 @@
+// Host planning of the CUDA backend (the "plan" half of plan/run): turns a batch's query
+// lengths and sequence lengths into work items (attention_plan.h), chooses split-KV
+// (flash-decoding) from the batch and the number of resident CTAs, and orders the items for
+// the persistent kernel. Pure host code, no CUDA calls.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "backends/cuda/attention/attention_plan.h"
+
+namespace pagedattn::cuda {
+
+// The builder sizes the cascade states for batches of at most this many tokens; a larger batch
+// attends the shared prefix in one pass (cuda_backend_internal.h).
+inline constexpr int kCascadeMaxTokens = 2048;
+
+struct PlannerConfig {
+  int group_size = 1;            // num_heads / num_kv_heads
+  int num_kv_heads = 1;
+  int prefill_rows = 128;        // rows of a prefill-path item (prefill_rows_for_head_size)
+  int resident_ctas = 1;         // CTAs of the kernel resident at once on the device
+  int decode_resident_ctas = 0;  // those of the decode-only kernel; 0: plans never use it
+  bool force_decode_kernel = false;  // decode batches take it even when their chunks are short
+  int64_t decode_kernel_max_tiles = 0;  // > 0: decode batches of more 64-key tiles do not take it
+  bool positional = true;        // false: cross-attention (every key visible)
+  bool causal = true;
+  std::optional<int> sliding_window;  // W: |k - p| <= W - 1 (causal: p - k <= W - 1)
+  int partial_rows_capacity = 0; // rows of the partial buffers (splits and cascade states)
+  int max_work_items = 0;        // capacity of the device item array
+  int max_combine_items = 0;
+  int max_splits = 256;
+  bool allow_split = true;
+};
+
+struct AttentionPlan {
+  std::vector<WorkItem> items;
+  std::vector<CombineItem> combine;
+  int partial_rows = 0;          // rows of the partial buffers in use
+  int cascade_prefix = 0;        // P > 0: the plan splits every request's keys at P
+  int prefix_items = 0;          // work items over the shared prefix (after splits)
+  int prefix_splits = 0;         // splits of each prefix row group (cascade)
+  bool decode_kernel = false;    // every item is a decode-path item: the decode-only kernel runs it
+};
+
+// Visible key range [start, end) of the rows of tokens [t0, t1] of a request (query_len q,
+// seq_len s); empty when start >= end.
+struct KeyRange {
+  int start = 0;
+  int end = 0;
+};
+KeyRange visible_key_range(const PlannerConfig& config, int query_len, int seq_len, int t0, int t1);
+
+// Decode-only plans (config.decode_resident_ctas > 0, every item a decode-path item, no cascade):
+// the items are split so that the persistent CTAs finish together (wave balance), not only when
+// they are fewer than the CTAs; see make_attention_plan.
+// query_start_loc (num_reqs + 1), seq_lens (num_reqs). Throws Error naming "metadata" when the
+// plan would exceed the configured capacities.
+// cascade_prefix P > 0 (the caller checked: causal decoder, no window / ALiBi, P <= every
+// request's computed tokens, prefix pages shared): prefix items cover keys [0, P) of every
+// query row of the batch (block-table row 0), the requests' items keys [P, seq_len); every row
+// is merged by a combine item (attention_plan.h).
+AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const int32_t> query_start_loc,
+                                  std::span<const int32_t> seq_lens, int cascade_prefix = 0);
+
+// Upper bound of work items for a batch of at most max_num_seqs requests and
+// max_num_batched_tokens tokens (without splits; splits add at most 2 * resident_ctas).
+int64_t max_unsplit_work_items(const PlannerConfig& config, int64_t max_num_seqs,
+                               int64_t max_num_batched_tokens);
+
+// Upper bound of the (unsplit) prefix items of a cascade batch of max_num_batched_tokens tokens.
+int64_t max_prefix_work_items(const PlannerConfig& config, int64_t max_num_batched_tokens);
+
+}  // namespace pagedattn::cuda

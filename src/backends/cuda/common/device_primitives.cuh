@@ -1,0 +1,155 @@
+// Device primitives of the CUDA backends' kernels: tensor-core MMA (mma.sync m16n8k16, f32
+// accumulate), ldmatrix, fast exp2, and exact conversions of 16-bit and fp8 values. sm_80+ (fp8
+// hardware conversions on sm_89+, exact software otherwise). The asynchronous units (cp.async,
+// TMA, mbarriers, wgmma, named barriers) are wrapped in async_primitives.cuh.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace pagedattn::cuda {
+
+// ---- element types --------------------------------------------------------------------------
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__half> {
+  // D (16x8 f32) += A (16x16 f16, row) * B (16x8 f16, col)
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  // Two floats -> packed pair, round to nearest even (low half = first).
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+};
+
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+// ---- shared memory (the asynchronous copies: async_primitives.cuh) ------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem_row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem_row)));
+}
+
+// ---- math -----------------------------------------------------------------------------------
+// 2^x (ex2.approx: relative error ~2^-22; -inf -> 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+__device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
+
+// ---- fp8 -> 16-bit (exact: every e4m3 / e5m2 value is representable in f16 and bf16) -------
+// Two fp8 bytes (low byte = first element) -> two floats.
+__device__ __forceinline__ float2 fp8x2_to_float2(uint16_t bits, int format) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h2;
+  if (format == 1) {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h2) : "h"(bits));
+  } else {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(h2) : "h"(bits));
+  }
+  __half2 h = *reinterpret_cast<__half2*>(&h2);
+  return __half22float2(h);
+#else
+  float out[2];
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t b = (bits >> (8 * i)) & 0xffu;
+    const uint32_t sign = (b & 0x80u) << 24;
+    float v;
+    if (format == 1) {  // e4m3: bias 7, no inf, 0x7f / 0xff = NaN
+      if ((b & 0x7fu) == 0x7fu) {
+        v = __int_as_float(0x7fc00000);
+      } else {
+        // Place exponent and mantissa in a float's low exponent bits, then rescale by 2^120:
+        // exact for normals and subnormals alike.
+        v = __int_as_float(static_cast<int>(((b & 0x7fu) << 20))) * 1.329227995784916e36f;
+      }
+    } else {  // e5m2: f16's top byte
+      v = __half2float(__ushort_as_half(static_cast<unsigned short>((b & 0x7fu) << 8)));
+    }
+    out[i] = __int_as_float(__float_as_int(v) | static_cast<int>(sign));
+  }
+  return make_float2(out[0], out[1]);
+#endif
+}
+
+// 4 fp8 values (one word, first value in the lowest byte) -> 4 values of T as two 16-bit pairs
+// (x: values 0, 1; y: values 2, 3; the first of a pair in the low half).
+template <typename T>
+__device__ __forceinline__ uint2 fp8x4_to_16bit(uint32_t word, int format) {
+  const uint16_t lo = static_cast<uint16_t>(word & 0xffffu);
+  const uint16_t hi = static_cast<uint16_t>(word >> 16);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (std::is_same_v<T, __half>) {
+    uint2 out;
+    if (format == 1) {
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out.x) : "h"(lo));
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out.y) : "h"(hi));
+    } else {
+      asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(out.x) : "h"(lo));
+      asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(out.y) : "h"(hi));
+    }
+    return out;
+  }
+#endif
+  const float2 a = fp8x2_to_float2(lo, format);
+  const float2 b = fp8x2_to_float2(hi, format);
+  return make_uint2(Mma<T>::pack(a.x, a.y), Mma<T>::pack(b.x, b.y));  // exact: fp8 values fit T
+}
+
+// 8 fp8 values (one uint2, first value in the lowest byte) -> 8 values of T (one uint4).
+template <typename T>
+__device__ __forceinline__ uint4 fp8x8_to_16bit(const uint2& in, int format) {
+  const uint2 a = fp8x4_to_16bit<T>(in.x, format);
+  const uint2 b = fp8x4_to_16bit<T>(in.y, format);
+  return make_uint4(a.x, a.y, b.x, b.y);
+}
+
+}  // namespace pagedattn::cuda

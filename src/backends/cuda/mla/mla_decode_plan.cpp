@@ -1,0 +1,94 @@
+// Host planning of the CUDA_MLA decode (mla_decode.h): the balanced split-KV partition.
+//
+// Cost of a segment = its 64-key tiles + kSegmentOverhead (Q load, pipeline fill, epilogue,
+// in tile units). The requests' tiles are laid end to end; part p receives about
+// ceil((tiles + overhead * (requests + parts)) / num_parts) of it; a request crossing a part boundary is cut there (at a tile
+// boundary), so every CTA gets the same amount of work whatever the mix of lengths, and a
+// single long request is spread over every part. Pure host code, O(num_requests + num_parts).
+#include <algorithm>
+#include <cstdint>
+
+#include "backends/cuda/mla/mla_decode.h"
+#include "pagedattn/error.h"
+
+namespace pagedattn::cuda::mla_decode {
+namespace {
+constexpr int64_t kSegmentOverhead = 2;
+}
+
+Plan make_plan(std::span<const int32_t> seq_lens, int num_parts) {
+  PAGEDATTN_CHECK(num_parts >= 1, "num_parts", "CUDA_MLA plan: num_parts = ", num_parts, " must be >= 1");
+  Plan plan;
+  const int n = static_cast<int>(seq_lens.size());
+  plan.splits.assign(static_cast<size_t>(n), RequestSplit{1, -1});
+  if (n == 0) return plan;
+  int64_t tiles_total = 0;
+  for (int32_t s : seq_lens) {
+    PAGEDATTN_CHECK(s >= 0, "seq_lens", "CUDA_MLA plan: a decode seq_len is ", s, ", expected >= 0");
+    tiles_total += (s + kKeysPerTile - 1) / kKeysPerTile;
+  }
+  // At most num_requests + num_parts segments, each paying the overhead: with this budget the
+  // greedy fill below fits in num_parts parts (the last part's catch-all only absorbs rounding).
+  const int64_t total = tiles_total + kSegmentOverhead * (n + num_parts);
+  const int64_t budget = std::max<int64_t>((total + num_parts - 1) / num_parts, kSegmentOverhead + 1);
+
+  plan.part_begin.push_back(0);
+  int part = 0;
+  int64_t left = budget;  // cost left in the current part
+  auto close_part = [&] {
+    plan.part_begin.push_back(static_cast<int32_t>(plan.segments.size()));
+    ++part;
+    left = budget;
+  };
+  std::vector<int> segments_of(static_cast<size_t>(n), 0);
+  for (int r = 0; r < n; ++r) {
+    const int64_t tiles = (seq_lens[r] + kKeysPerTile - 1) / kKeysPerTile;
+    int64_t done = 0;
+    while (true) {
+      const int64_t rest = tiles - done;
+      const bool last_part = part == num_parts - 1;
+      int64_t take;
+      if (last_part || left >= rest + kSegmentOverhead) {
+        take = rest;
+      } else if (left - kSegmentOverhead >= 1) {
+        take = left - kSegmentOverhead;
+      } else {
+        close_part();  // too little left here for a segment (never on the last part)
+        continue;
+      }
+      Segment seg;
+      seg.request = r;
+      seg.kv_start = static_cast<int32_t>(done * kKeysPerTile);
+      seg.kv_end = static_cast<int32_t>(std::min<int64_t>((done + take) * kKeysPerTile, seq_lens[r]));
+      seg.partial_row = -1;
+      plan.segments.push_back(seg);
+      ++segments_of[r];
+      done += take;
+      left -= take + kSegmentOverhead;
+      if (left <= kSegmentOverhead && !last_part && (done < tiles || r + 1 < n)) close_part();
+      if (done >= tiles) break;
+    }
+  }
+  if (static_cast<int32_t>(plan.segments.size()) != plan.part_begin.back()) {
+    plan.part_begin.push_back(static_cast<int32_t>(plan.segments.size()));
+  }
+  plan.num_parts = static_cast<int>(plan.part_begin.size()) - 1;
+
+  // Slots for the requests cut into several segments.
+  int slot = 0;
+  size_t seg_i = 0;
+  for (int r = 0; r < n; ++r) {
+    const int k = segments_of[r];
+    if (k > 1) {
+      plan.splits[r] = RequestSplit{k, slot};
+      for (int j = 0; j < k; ++j) plan.segments[seg_i + j].partial_row = slot + j;
+      slot += k;
+      plan.any_split = true;
+    }
+    seg_i += static_cast<size_t>(k);
+  }
+  plan.num_partial_slots = slot;
+  return plan;
+}
+
+}  // namespace pagedattn::cuda::mla_decode

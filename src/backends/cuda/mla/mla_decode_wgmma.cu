@@ -1,0 +1,407 @@
+// CUDA_MLA decode, compute-bound head counts (H >= 64, f16/bf16 cache): Hopper wgmma kernel.
+//
+// What it computes: exactly what mla_decode.cu's kernel computes (see there), per decode request
+// b (one query token) and query head h:
+//   s_n = scale * (q[b, h, :576] . row_n[:576]),  o = sum_n softmax(s)_n row_n[:512],  LSE = log sum e^s
+// over the request's latent cache rows (values = the first 512 elements of the key rows), for one
+// plan segment (mla_decode.h) at a time; split segments write the same f32 partials (o, LSE) that
+// mla_decode.cu's combine kernel merges, uncut ones the output (and LSE) directly.
+//
+// Tiling. A CTA of two warpgroups owns 64 query heads of one part's segments and walks each
+// segment in 64-key tiles. Shared memory: Q 64 x 576 (73.7 KB, loaded once a segment), two K/V
+// stages of 64 keys x 576 (2 x 73.7 KB), P 64 x 64 (activation type, 8 KB) and the per-row
+// rescale factors: 230,144 bytes. Roles:
+//   WG0  S = Q . K^T for the whole tile (wgmma m64n64k16 x 36, K = 576, both operands from shared
+//        memory, f32 accumulators: 32 registers a thread); the online softmax (running max and
+//        sum, in registers); P and alpha (the O rescale factor) to shared memory; then its half
+//        of O: O[:, 0:256) = alpha * O + P . V[:, 0:256) (wgmma m64n256k16 x 4, 128 registers).
+//   WG1  the loads (cp.async, 16-byte copies, 8 threads a row; page lookups of tile t + 2
+//        read during tile t; zero-filled past the segment / for a page id outside the cache) and
+//        the other half of O: O[:, 256:512) with WG0's P and alpha.
+// V is read in place from the K tile (the B operand N-major: the tile's rows are keys).
+// Hand-offs (named barriers, 256 threads; WG0 arrives / WG1 waits or the reverse):
+//   P_READY(t)   WG0 wrote P(t) and alpha(t)          -> WG1 starts its P.V(t);
+//   FULL(t + 1)  WG1's copies of tile t + 1 landed     -> WG0 starts S(t + 1) (while WG1's
+//                P.V(t) still runs: the tensor core switches between the two warpgroups);
+//   P_FREE(t)    WG1's P.V(t) finished                -> WG0 overwrites P and alpha with t + 1;
+//   PV0_DONE(t)  WG0's P.V(t) finished (two ids by parity) -> WG1 refills stage t % 2 with t + 2.
+// Shared layout: every 64-row tile (Q, each stage, P) is stored as 9 (P: 1) column blocks of 64
+// elements; block c holds its 64 rows of 128 bytes with the 16-byte chunks XOR-swizzled by
+// (row & 7): the wgmma 128-byte swizzle (blocks 1024-byte aligned). Q . K^T reads both operands
+// K-major (k step = +32 bytes inside a block); P . V reads P K-major and V N-major (column blocks
+// = the 8192-byte leading stride, 8-key groups = the 1024-byte stride).
+//
+// Memory traffic and floor: per 64-key tile 73.7 KB of latent rows (the second head tile of
+// H = 128 is the adjacent CTA and mostly reads them from L2), 8.9 MFLOP: 242 FLOP per byte at
+// H = 128, so the floor is the tensor rate: 2 * H * seq * 1088 FLOP / ~790 TFLOP/s (H200: 0.186 ms
+// at batch 128 x 4k, 128 heads). Shared-memory reads per tile: S 36 x (2 KB Q + 2 KB K), the
+// tensor core's own rate for n = 64; P . V 8 x (2 KB P + 8 KB V).
+// Prediction: the tensor core is idle only while WG0 computes the softmax (~15% of a tile), so
+// ~60-70% of the tensor rate, ~500 TFLOP/s at 128 heads, batch 128 x 4k (the mma.sync kernel:
+// 265). Measured (H200, docs/perf/mla.md): 491 TFLOP/s (0.297 ms), 65% of the floor; ncu: DRAM
+// 2.25 TB/s (the latent read about once), SM throughput 53%. A first version with both
+// warpgroups computing S (n = 32 each: 1.5x the shared-memory reads of the tensor rate) and
+// every phase behind a CTA barrier ran at 388 TFLOP/s (0.376 ms).
+// racecheck reports the alpha hand-off (WG0 st.shared, bar.arrive; WG1 bar.sync, ld.shared, and
+// back through P_FREE) as hazards: it does not credit bar.arrive's release ordering (PTX memory
+// model: bar.arrive synchronizes with bar.sync on the same barrier); memcheck is clean.
+//
+// Precision points: as mla_decode.cu: logits, the softmax state and o in f32 (wgmma f32
+// accumulation); P rounded to the activation type before P . V (the row sums use the f32 P);
+// exp2 via ex2.approx; split partials f32; the output rounded once (RNE).
+//
+// Needs sm_90a (wgmma). Built for another target the kernel body is a trap with a static
+// shared-memory marker, and wgmma_decode_available() (which reads the marker through
+// cudaFuncGetAttributes) sends every launch to the mma.sync kernel instead.
+#include <type_traits>
+#include <string_view>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "backends/cuda/common/async_primitives.cuh"
+#include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/common/device_runtime.h"
+#include "backends/cuda/mla/mla_decode_wgmma.h"
+#include "pagedattn/error.h"
+
+namespace pagedattn::cuda::mla_decode {
+namespace {
+
+constexpr int kRows = 64;                               // query heads of a CTA
+constexpr int kKeys = kKeysPerTile;                     // 64 keys a tile
+constexpr int kThreads = 256;                           // two warpgroups
+constexpr int kChunks = kLatent * 2 / 16;               // 72 16-byte chunks of a row
+constexpr int kBlockBytes = kRows * 128;                // one 64-column block of a 64-row tile
+constexpr int kTileBytes = kLatent / 64 * kBlockBytes;  // 73,728
+constexpr int kPBytes = kBlockBytes;                    // P: 64 x 64
+constexpr int kValueCols = kValue / 2;                  // O columns of a warpgroup (256)
+constexpr int kCopyRows = 128 / 8;                      // rows a pass of WG1's copies (8 threads a row)
+constexpr int kCopyPasses = kKeys / kCopyRows;          // 4
+// Q, 2 stages, P, alpha (64), the epilogue's row sums and maxima (2 x 64).
+constexpr int kSmem = 3 * kTileBytes + kPBytes + 3 * kRows * 4;
+static_assert(kKeys == 64 && kRows == 64 && kLatent % 64 == 0);
+static_assert(kSmem <= 232448, "shared memory over the sm_90 limit");
+
+// Named barriers (0 is __syncthreads), 256 threads each.
+constexpr int kBarPReady = 1, kBarFull = 2, kBarPFree = 3, kBarPv0Done = 4;  // kBarPv0Done + (t & 1)
+
+// Byte offset in the cache of key `pos` of `request`, or -1 (past the segment's end, or a page
+// id outside the cache: the row reads as zeros).
+__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int request, int pos, int kv_end) {
+  if (pos >= kv_end) return -1;
+  const int blk_idx = pos / p.block_size;
+  const int block = __ldg(p.block_table + static_cast<int64_t>(request) * p.bt_stride + blk_idx);
+  if (block < 0 || block >= p.num_blocks) return -1;
+  return (static_cast<int64_t>(block) * p.block_stride +
+          static_cast<int64_t>(pos - blk_idx * p.block_size) * p.token_stride) * 2;
+}
+
+// WG1 thread `t1` (0..127) copies rows t1 / 8 + 16 * pass of a tile: chunk t1 % 8 of each of the
+// 9 column blocks (a warp request covers 4 whole 128-byte lines).
+__device__ __forceinline__ void tile_offsets(const DecodeParams& p, const Segment& seg, int tile, int t1,
+                                             int64_t (&offsets)[kCopyPasses]) {
+#pragma unroll
+  for (int pass = 0; pass < kCopyPasses; ++pass) {
+    offsets[pass] = row_offset(p, seg.request, seg.kv_start + tile * kKeys + (t1 >> 3) + pass * kCopyRows, seg.kv_end);
+  }
+}
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const int64_t (&offsets)[kCopyPasses], int t1,
+                                          char* stage) {
+  const int sub = t1 & 7;
+#pragma unroll
+  for (int pass = 0; pass < kCopyPasses; ++pass) {
+    const int row = (t1 >> 3) + pass * kCopyRows;
+    const bool valid = offsets[pass] >= 0;
+    const char* src = static_cast<const char*>(p.cache) + (valid ? offsets[pass] : 0) + sub * 16;
+#pragma unroll
+    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(stage + swizzled_offset(row, sub + 8 * j), src + j * 128, valid);
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const DecodeParams p, int head_tiles) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  char* q_smem = smem;                                           // Q tile
+  char* stages = q_smem + kTileBytes;                            // 2 K/V tiles
+  char* p_smem = stages + 2 * kTileBytes;                        // P (64 x 64)
+  float* alpha_smem = reinterpret_cast<float*>(p_smem + kPBytes);  // (64,) O rescale factors
+  float* row_sum = alpha_smem + kRows;                           // (64,) epilogue: final row sums
+  float* row_max = row_sum + kRows;                              // (64,) epilogue: final maxima (log2)
+
+  const int part = blockIdx.x / head_tiles;
+  const int h0 = (blockIdx.x - part * head_tiles) * kRows;
+  const int wg = threadIdx.x >> 7;                                 // 0: S + softmax + O[:, :256); 1: loads + O[:, 256:)
+  const int t1 = threadIdx.x & 127;                                // thread within the warpgroup
+  const int lane = threadIdx.x & 31;
+  const int quad_col = lane & 3;
+  const int r_lo = (t1 >> 5) * 16 + (lane >> 2);                   // accumulator rows r_lo, r_lo + 8
+
+  const int seg_end = p.part_begin[part + 1];
+  for (int seg_i = p.part_begin[part]; seg_i < seg_end; ++seg_i) {
+    const Segment seg = p.segments[seg_i];
+    const int num_tiles = seg.kv_end > seg.kv_start ? (seg.kv_end - seg.kv_start + kKeys - 1) / kKeys : 0;
+    // Prologue: Q by all threads, tiles 0 and 1 by WG1; Q and tile 0 visible to all after the barrier.
+    for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+      const int row = idx / kChunks, chunk = idx - row * kChunks;
+      const bool valid = h0 + row < p.num_heads;
+      const char* src = static_cast<const char*>(p.q) +
+                        (static_cast<int64_t>(seg.request) * p.q_token_stride +
+                         static_cast<int64_t>(valid ? h0 + row : 0) * p.q_head_stride) * 2 + chunk * 16;
+      cp_async_16(q_smem + swizzled_offset(row, chunk), src, valid);
+    }
+    cp_async_commit();
+    int64_t offsets[kCopyPasses];
+    if (wg == 1) {
+      for (int t = 0; t < 2; ++t) {
+        if (t < num_tiles) {
+          tile_offsets(p, seg, t, t1, offsets);
+          load_tile(p, offsets, t1, stages + t * kTileBytes);
+        }
+        cp_async_commit();
+      }
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    wgmma::fence_async_smem();
+    __syncthreads();
+
+    float o[kValueCols / 2];  // 64 x 256 f32 over the warpgroup: n8 block j -> o[4j .. 4j + 3]
+#pragma unroll
+    for (int i = 0; i < kValueCols / 2; ++i) o[i] = 0.f;
+    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};  // WG0: running max (log2 units) and sum
+
+    if (wg == 0) {
+#pragma unroll 1
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        if (tile > 0) named_barrier::sync<kThreads>(kBarFull);  // tile's copies landed
+        const char* kv = stages + (tile & 1) * kTileBytes;
+
+        // S (64 x 64) = Q . K^T, 36 k16 steps.
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        wgmma::reg_fence(s);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < kLatent / 16; ++kk) {
+          const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+          wgmma::Ops<T>::ss_n64(s, wgmma::smem_desc(q_smem + off, 16, 1024), wgmma::smem_desc(kv + off, 16, 1024));
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::reg_fence(s);
+
+        // Mask keys past the segment; online softmax; P and alpha to shared memory.
+        const int key0 = seg.kv_start + tile * kKeys + 2 * quad_col;
+        if (seg.kv_start + (tile + 1) * kKeys > seg.kv_end) {
+#pragma unroll
+          for (int e = 0; e < 32; ++e)
+            if (key0 + 8 * (e >> 2) + (e & 1) >= seg.kv_end) s[e] = neg_inf();
+        }
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = neg_inf();
+#pragma unroll
+          for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+          mx = quad_max(mx);
+          const float m_new = fmaxf(m[h], mx * p.scale_log2);
+          const float base = m_new == neg_inf() ? 0.f : m_new;
+          alpha[h] = fast_exp2(m[h] - base);
+          m[h] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            s[4 * j + 2 * h] = fast_exp2(fmaf(s[4 * j + 2 * h], p.scale_log2, -base));
+            s[4 * j + 2 * h + 1] = fast_exp2(fmaf(s[4 * j + 2 * h + 1], p.scale_log2, -base));
+            sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+          }
+          l[h] = l[h] * alpha[h] + sum;
+        }
+        if (tile > 0) named_barrier::sync<kThreads>(kBarPFree);  // WG1's P . V(tile - 1) no longer reads P / alpha
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = r_lo + 8 * h;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            *reinterpret_cast<uint32_t*>(p_smem + r * 128 + ((j ^ (r & 7)) << 4) + quad_col * 4) =
+                Mma<T>::pack(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+          }
+          if (quad_col == 0) alpha_smem[r] = alpha[h];
+        }
+        wgmma::fence_async_smem();
+        named_barrier::arrive<kThreads>(kBarPReady);
+
+        // O[:, 0:256) = alpha * O + P . V[:, 0:256).
+#pragma unroll
+        for (int j = 0; j < kValueCols / 8; ++j) {
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
+        wgmma::reg_fence(o);
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < kKeys / 16; ++ks) {
+          wgmma::Ops<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+                               wgmma::smem_desc(kv + ks * 16 * 128, kBlockBytes, 1024));
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::reg_fence(o);
+        if (tile + 2 < num_tiles) named_barrier::arrive<kThreads>(kBarPv0Done + (tile & 1));  // stage tile & 1 free on WG0's side
+      }
+      // Final row sums and maxima for WG1's epilogue.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sum = quad_sum(l[h]);
+        if (quad_col == 0) {
+          row_sum[r_lo + 8 * h] = sum;
+          row_max[r_lo + 8 * h] = m[h];
+        }
+      }
+    } else {
+#pragma unroll 1
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        // Page lookups of tile + 2 (their latency hides behind this tile's P . V).
+        if (tile + 2 < num_tiles) tile_offsets(p, seg, tile + 2, t1, offsets);
+        named_barrier::sync<kThreads>(kBarPReady);  // P(tile) and alpha(tile) written
+        const char* kv = stages + (tile & 1) * kTileBytes;
+        const float a0 = alpha_smem[r_lo], a1 = alpha_smem[r_lo + 8];
+#pragma unroll
+        for (int j = 0; j < kValueCols / 8; ++j) {
+          o[4 * j] *= a0;
+          o[4 * j + 1] *= a0;
+          o[4 * j + 2] *= a1;
+          o[4 * j + 3] *= a1;
+        }
+        wgmma::reg_fence(o);
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < kKeys / 16; ++ks) {
+          wgmma::Ops<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+                               wgmma::smem_desc(kv + (kValueCols / 64) * kBlockBytes + ks * 16 * 128, kBlockBytes, 1024));
+        }
+        wgmma::commit();
+        // Tile + 1 (the only copies in flight) landed: WG0 may start S(tile + 1) now.
+        if (tile + 1 < num_tiles) {
+          cp_async_wait<0>();
+          wgmma::fence_async_smem();
+          named_barrier::arrive<kThreads>(kBarFull);
+        }
+        wgmma::wait<0>();
+        wgmma::reg_fence(o);
+        if (tile + 1 < num_tiles) named_barrier::arrive<kThreads>(kBarPFree);  // WG0 may overwrite P and alpha
+        if (tile + 2 < num_tiles) {
+          named_barrier::sync<kThreads>(kBarPv0Done + (tile & 1));  // WG0's P . V(tile) done: refill the stage with tile + 2
+          load_tile(p, offsets, t1, stages + (tile & 1) * kTileBytes);
+          cp_async_commit();
+        }
+      }
+    }
+    __syncthreads();  // WG0's row sums / maxima visible; every MMA and copy of the segment done
+
+    // Epilogue: normalize; each warpgroup writes its 256 columns of rows r_lo, r_lo + 8.
+    const bool split = seg.partial_row >= 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r_lo + 8 * h;
+      const int head = h0 + r;
+      if (head >= p.num_heads) continue;
+      const float lsum = row_sum[r];
+      const float scale = lsum > 0.f ? p.out_scale / lsum : 0.f;
+      const float lse = lsum > 0.f ? (row_max[r] + log2f(lsum)) * kLn2 : neg_inf();
+      const int col0 = wg * kValueCols + 2 * quad_col;
+      if (split) {
+        float* dst = p.partial_out + (static_cast<int64_t>(seg.partial_row) * p.num_heads + head) * kValue + col0;
+#pragma unroll
+        for (int j = 0; j < kValueCols / 8; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * scale, o[4 * j + 2 * h + 1] * scale);
+        if (wg == 0 && quad_col == 0) p.partial_lse[static_cast<int64_t>(seg.partial_row) * p.num_heads + head] = lse;
+      } else {
+        T* dst = static_cast<T*>(p.out) + seg.request * p.o_token_stride + head * p.o_head_stride + col0;
+#pragma unroll
+        for (int j = 0; j < kValueCols / 8; ++j)
+          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+              Mma<T>::pack(o[4 * j + 2 * h] * scale, o[4 * j + 2 * h + 1] * scale);
+        if (wg == 0 && quad_col == 0 && p.lse != nullptr)
+          p.lse[head * p.lse_head_stride + static_cast<int64_t>(seg.request) * p.lse_token_stride] = lse;
+      }
+    }
+    __syncthreads();  // Q, the stages and the row statistics are reused by the next segment
+  }
+#else
+  // Not built for sm_90a: the static marker tells wgmma_decode_available() to keep this unused.
+  __shared__ int not_sm90a_marker[32];
+  reinterpret_cast<volatile int*>(not_sm90a_marker)[threadIdx.x & 31] = head_tiles;
+  __trap();
+#endif
+}
+// Whether the sm_90a image of the kernel is the one the current device loads (per device, once).
+bool wgmma_decode_available() {
+  static std::atomic<uint64_t> known{0}, available{0};
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((known.load() & bit) == 0) {
+    cudaFuncAttributes attributes{};
+    const bool ok = cudaFuncGetAttributes(&attributes, mla_decode_wgmma_kernel<__nv_bfloat16>) == cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
+    if (ok && attributes.sharedSizeBytes == 0) {
+      for (auto* kernel : {mla_decode_wgmma_kernel<__nv_bfloat16>, mla_decode_wgmma_kernel<__half>}) {
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        check_launch("cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
+      }
+      available.fetch_or(bit);
+    }
+    known.fetch_or(bit);
+  }
+  return (available.load() & bit) != 0;
+}
+
+}  // namespace
+
+bool wgmma_decode_forced_off() {
+  const char* env = std::getenv("PAGEDATTN_MLA_DECODE_KERNEL");
+  if (env == nullptr || *env == '\0' || std::string_view(env) == "auto") return false;
+  PAGEDATTN_CHECK(std::string_view(env) == "mma", "PAGEDATTN_MLA_DECODE_KERNEL",
+                  "PAGEDATTN_MLA_DECODE_KERNEL = \"", env,
+                  "\" is not a decode kernel choice: expected auto (wgmma for >= 64 heads on sm_90a) or mma "
+                  "(the mma.sync kernel for every head count)");
+  return true;
+}
+
+bool wgmma_decode_covers(int num_heads, DType activation, DType cache_dtype) {
+  return num_heads >= 64 && (activation == DType::bf16 || activation == DType::f16) && cache_dtype == activation &&
+         !wgmma_decode_forced_off() && wgmma_decode_available();
+}
+
+int wgmma_decode_smem_bytes() { return kSmem; }
+
+void launch_decode_wgmma(const DecodeParams& params, DType activation, int num_parts, void* stream) {
+  const int head_tiles = (params.num_heads + kRows - 1) / kRows;
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (activation == DType::bf16) {
+    mla_decode_wgmma_kernel<__nv_bfloat16><<<num_parts * head_tiles, kThreads, kSmem, s>>>(params, head_tiles);
+  } else {
+    mla_decode_wgmma_kernel<__half><<<num_parts * head_tiles, kThreads, kSmem, s>>>(params, head_tiles);
+  }
+  check_launch("mla_decode_wgmma_kernel");
+}
+
+}  // namespace pagedattn::cuda::mla_decode
