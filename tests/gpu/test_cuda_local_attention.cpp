@@ -103,8 +103,12 @@ TEST(CudaLocalAttention, MatchesReferenceOnVirtualBatches) {
     Tensor v = random_host(Shape{num_tokens, kKvHeads, kHeadSize}, DType::bf16, 23 + chunk);
     auto common = std::make_unique<OwnedCommonAttentionMetadata>(
         make_common_attention_metadata(args, Device::cuda, num_blocks, kBlockSize));
-    // A strided view: the columns the batch needs of the wider device table.
+    // A strided view: the columns the batch needs of the wider device table. Its host mirror is
+    // the same view of the host table at C = 64; at C = 32 there is no mirror, so the builders
+    // read the device table themselves (one device-to-host copy).
     common->common.block_table_tensor = common->block_table.view().narrow(1, 0, needed_cols);
+    common->common.block_table_cpu =
+        chunk == 64 ? common->block_table_cpu.view().narrow(1, 0, needed_cols) : TensorView{};
     const auto host_common = make_common_attention_metadata(args, Device::cpu, num_blocks, kBlockSize);
 
     auto builder = cuda_layer.backend().make_builder(cuda_layer.kv_cache_spec(),
