@@ -10,9 +10,11 @@
 //   KV bytes   = sum_r seq_len_r * Hkv * (D + Dv) * sizeof(kv)   (each byte once per group)
 //   FLOPs      = 4 * D * Hq * sum over query rows of visible keys (causal counted exactly)
 //   floor      = max(bytes / copy bandwidth, FLOPs / GEMM rate)
-// Kernel variants (src/backends/cuda/attention/attention_kernel_choice.h): --kernels auto,mma,wgmma,ws,unified,... times each
-// selected case once per listed variant, in alternation, --passes times (same-run comparisons of
-// old and new paths); the JSON rows then carry "kernel" and "pass".
+// Kernel variants (src/backends/cuda/common/kernel_override.h): --kernels auto,mma,wgmma,ws,unified,...
+// times each selected case once per listed variant, in alternation, --passes times (same-run
+// comparisons of old and new paths); the JSON rows then carry "kernel" and "pass". Each name is a
+// PAGEDATTN_CUDA_KERNEL value set through the same parser (set_kernel_override) before the case's
+// builder is made; without --kernels the environment's PAGEDATTN_CUDA_KERNEL applies.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -31,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "../src/backends/cuda/attention/attention_kernel_choice.h"
+#include "../src/backends/cuda/common/kernel_override.h"
 #include "../src/backends/cuda/attention/cuda_backend.h"
 #include "pagedattn/pagedattn.h"
 #include "cuda_bench_common.cuh"
@@ -297,30 +299,27 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // Kernel variants to alternate (empty: the environment's choice, one row per case): auto (every
-  // default), mma (the mma.sync prefill path), ws (the warp-specialized kernel; ws-unified: also for decode batches), wgmma (the one-warpgroup wgmma path), unified (no decode-only kernel), decode (the decode-only kernel for every decode batch).
+  // Kernel variants to alternate (empty: the environment's choice, one row per case), each a
+  // PAGEDATTN_CUDA_KERNEL value: auto (every default), mma (the mma.sync prefill path), ws (the
+  // warp-specialized kernel; ws-unified: also for decode batches), wgmma (the one-warpgroup wgmma
+  // path), unified (no decode-only kernel), decode (the decode-only kernel for every decode batch).
   struct KernelVariant {
     std::string name;
-    cuda::AttentionKernelChoice prefill;
-    cuda::DecodeKernelChoice decode;
+    cuda::KernelOverride choice;
   };
   std::vector<KernelVariant> kernels;
   for (size_t pos = 0; !kernels_arg.empty() && pos <= kernels_arg.size();) {
     const size_t end = std::min(kernels_arg.find(',', pos), kernels_arg.size());
     const std::string k = kernels_arg.substr(pos, end - pos);
     pos = end + 1;
-    const KernelVariant known[] = {
-        {"auto", cuda::AttentionKernelChoice::automatic, cuda::DecodeKernelChoice::automatic},
-        {"mma", cuda::AttentionKernelChoice::mma, cuda::DecodeKernelChoice::automatic},
-        {"ws", cuda::AttentionKernelChoice::ws, cuda::DecodeKernelChoice::automatic},
-        {"wgmma", cuda::AttentionKernelChoice::wgmma, cuda::DecodeKernelChoice::automatic},
-        {"ws-unified", cuda::AttentionKernelChoice::ws, cuda::DecodeKernelChoice::unified},
-        {"unified", cuda::AttentionKernelChoice::automatic, cuda::DecodeKernelChoice::unified},
-        {"decode", cuda::AttentionKernelChoice::automatic, cuda::DecodeKernelChoice::decode}};
+    const std::pair<const char*, const char*> known[] = {
+        {"auto", ""},           {"mma", "prefill=mma"},         {"ws", "prefill=ws"},
+        {"wgmma", "prefill=wgmma"}, {"ws-unified", "prefill=ws,decode=unified"},
+        {"unified", "decode=unified"}, {"decode", "decode=decode"}};
     bool found = false;
-    for (const KernelVariant& v : known) {
-      if (k == v.name) {
-        kernels.push_back(v);
+    for (const auto& [name, spec] : known) {
+      if (k == name) {
+        kernels.push_back({name, cuda::parse_kernel_override(spec)});
         found = true;
       }
     }
@@ -365,8 +364,7 @@ int main(int argc, char** argv) {
       std::string kernel_name = "env";
       if (!kernels.empty()) {
         kernel_name = kernels[run % num_kernels].name;
-        cuda::set_attention_kernel_choice(kernels[run % num_kernels].prefill);
-        cuda::set_decode_kernel_choice(kernels[run % num_kernels].decode);
+        cuda::set_kernel_override(kernels[run % num_kernels].choice);
       }
       const BenchResult r = run_case(c, ceil);
       std::fprintf(stderr, "%-8s d%-3d %-9s %-52s %-18s %9.4f ms %6.3f TB/s %7.1f TFLOP/s  %5.1f%% of floor\n",
@@ -383,8 +381,7 @@ int main(int argc, char** argv) {
       first = false;
     }
   }
-  cuda::set_attention_kernel_choice(std::nullopt);
-  cuda::set_decode_kernel_choice(std::nullopt);
+  cuda::set_kernel_override(std::nullopt);
   js << "\n  ]\n}\n";
   if (out_path.empty()) {
     std::cout << js.str();

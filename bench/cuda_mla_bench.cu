@@ -97,7 +97,8 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   const int rotations = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(pool_blocks / blocks_needed, (size_t{512} << 20) / case_bytes + 1)));
   std::vector<int32_t> seqs(batch, context);
-  const int rows = md::rows_per_cta(heads);
+  const md::DecodeKernel kernel = md::resolve_decode_kernel(heads, DType::bf16);  // as the builder's plans
+  const int rows = md::rows_per_cta(kernel);
   const int head_tiles = (heads + rows - 1) / rows;
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
@@ -163,7 +164,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   auto run = [&] {
     p.block_table = bt_d + static_cast<int64_t>(rot) * blocks_needed;
     rot = (rot + 1) % rotations;
-    md::launch_decode(p, DType::bf16, DType::bf16, plan.num_parts, plan.any_split, current_cuda_stream());
+    md::launch_decode(p, DType::bf16, DType::bf16, kernel, plan.num_parts, plan.any_split, current_cuda_stream());
   };
   for (int i = 0; i < 3; ++i) run();
   const double work = double(batch) * context;

@@ -1,13 +1,14 @@
-// The CUDA attention kernel's variants (src/backends/cuda/attention/attention_kernel_choice.h) against the
-// REFERENCE (fp64) through the conformance harness: the Hopper wgmma prefill path (head sizes 64,
-// 128, 256) and the mma.sync prefill path, each on prefill-heavy batches with every
+// The CUDA attention kernels (src/backends/cuda/attention/kernel_selection.h) against the
+// REFERENCE (fp64) through the conformance harness: the warp-specialized kernel (head sizes 64,
+// 128), the Hopper wgmma prefill path (64, 128, 256) and the mma.sync prefill path, forced through
+// the PAGEDATTN_CUDA_KERNEL override (kernel_override.h), each on prefill-heavy batches with every
 // feature: causal chunks with context (ragged 64-row blocks), split-KV prefill items (partials),
 // sliding windows, ALiBi + soft-cap, sinks + LSE + padding, encoder (non-causal) and cross
 // attention, GQA groups 1..32, block sizes 16 / 64, both layouts, f16 and bf16. Every case draws
 // fresh random inputs and poisons the outputs (the harness).
 // The decode-only kernel (head sizes <= 128) against the REFERENCE on decode batches with every
-// feature, under PAGEDATTN_CUDA_DECODE_KERNEL decode (the decode-only kernel) and unified (the
-// paged attention kernel), and which plans take it under auto.
+// feature, under decode=decode (the decode-only kernel) and decode=unified (the paged attention
+// kernel), and which plans take it under auto; which kernel each builder stores in its plans.
 // PAGEDATTN_GPU_SMALL_GRID=1 runs every 4th case (the sanitizer runs of scripts/gpu-check).
 #include <gtest/gtest.h>
 
@@ -18,10 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "../../src/backends/cuda/attention/attention_kernel_choice.h"
 #include "../../src/backends/cuda/attention/cuda_backend_internal.h"
 #include "../../src/backends/cuda/attention/kernel_launch.h"
+#include "../../src/backends/cuda/attention/kernel_selection.h"
 #include "../../src/backends/cuda/common/device_runtime.h"
+#include "../../src/backends/cuda/common/kernel_override.h"
 #include "conformance/harness.h"
 #include "gpu_test_util.h"
 
@@ -29,18 +31,16 @@ namespace pagedattn {
 namespace {
 
 using conformance::ConformanceCase;
-using cuda::AttentionKernelChoice;
+using cuda::AttentionKernel;
 
-// Forces a choice (attention_kernel_choice.h) and restores the environment's when the test ends.
-template <class Choice, void (*Set)(std::optional<Choice>)>
-struct Guard {
-  explicit Guard(Choice c) { Set(c); }
-  ~Guard() { Set(std::nullopt); }
-  Guard(const Guard&) = delete;
-  Guard& operator=(const Guard&) = delete;
+// Forces a PAGEDATTN_CUDA_KERNEL value (kernel_override.h) for the builders made in its scope and
+// restores the environment's when the scope ends.
+struct OverrideGuard {
+  explicit OverrideGuard(const char* spec) { cuda::set_kernel_override(cuda::parse_kernel_override(spec)); }
+  ~OverrideGuard() { cuda::set_kernel_override(std::nullopt); }
+  OverrideGuard(const OverrideGuard&) = delete;
+  OverrideGuard& operator=(const OverrideGuard&) = delete;
 };
-using ChoiceGuard = Guard<AttentionKernelChoice, cuda::set_attention_kernel_choice>;
-using DecodeChoiceGuard = Guard<cuda::DecodeKernelChoice, cuda::set_decode_kernel_choice>;
 
 bool small_grid() {
   const char* v = std::getenv("PAGEDATTN_GPU_SMALL_GRID");
@@ -140,7 +140,7 @@ int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_
         ADD_FAILURE() << "not a CUDA plan: " << cases[i].describe();
         continue;
       }
-      *decode_plans += md->decode_kernel ? 1 : 0;
+      *decode_plans += md->kernel == AttentionKernel::decode ? 1 : 0;
       conformance::execute(prepared);
       const conformance::ConformanceResult result =
           conformance::compare(inputs, conformance::collect(prepared),
@@ -154,8 +154,8 @@ int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_
   return run;
 }
 
-void run_all(AttentionKernelChoice choice, const std::vector<int>& head_sizes, uint64_t seed0) {
-  const ChoiceGuard guard(choice);
+void run_all(const char* override_spec, const std::vector<int>& head_sizes, uint64_t seed0) {
+  const OverrideGuard guard(override_spec);
   int decode_plans = 0;
   const int run = run_cases(prefill_cases(head_sizes), seed0, 104729, &decode_plans);
   std::cout << "[ variants ] " << run << " cases run\n";
@@ -174,44 +174,70 @@ TEST(CudaKernelVariants, WgmmaImageLoadsOnHopper) {
   EXPECT_TRUE(cuda::wgmma_kernels_available()) << "the sm_90a image is not the one the device runs";
 }
 
-// Which kernel runs (the warp-specialized one: 1 CTA of 384 threads per SM; the paged attention
-// kernel: 2 at head sizes <= 128): under auto 16-bit head size 128 takes it, 64 and fp8 caches do
-// not; under ws 64 and 128 take it; under wgmma none does.
+// The kernel a builder stores in its (prefill) plans, chosen once from the layer, the cache, the
+// device and the override: under auto 16-bit head sizes 64 and 128 take the warp-specialized kernel
+// (1 CTA of 384 threads per SM), 256 the wgmma path, fp8 caches and head_size_v != head_size
+// mma.sync (2 CTAs per SM at head sizes <= 128); under prefill=wgmma no plan takes ws; under
+// prefill=mma every plan runs mma.sync.
 TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
   PAGEDATTN_REQUIRE_GPU();
   if (!device_is_sm90()) GTEST_SKIP() << "not an sm_90 device";
+  const auto plan_kernel = [](int head_size, DType dtype, const char* kv_cache_dtype, int head_size_v = 0) {
+    ConformanceCase c;
+    c.dtype = dtype;
+    c.head_size = head_size;
+    c.head_size_v = head_size_v;
+    c.kv_cache_dtype = kv_cache_dtype;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.batch = {{40, 100}};
+    const conformance::CaseInputs inputs = conformance::make_inputs(c, 5);
+    const conformance::PreparedRun run = conformance::prepare_run(cuda_backend(), Device::cuda, inputs);
+    const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(run.step_metadata.get());
+    EXPECT_NE(md, nullptr);
+    return md != nullptr ? md->kernel : AttentionKernel::decode;
+  };
   {
-    const ChoiceGuard guard(AttentionKernelChoice::automatic);
-    EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false).ctas_per_sm, 1);
-    EXPECT_TRUE(cuda::attention_kernel_info(128, DType::bf16, false).warp_specialized);
-    EXPECT_EQ(cuda::attention_kernel_info(64, DType::bf16, false).ctas_per_sm, 1);
-    EXPECT_TRUE(cuda::attention_kernel_info(64, DType::bf16, false).warp_specialized);
-    EXPECT_FALSE(cuda::attention_kernel_info(256, DType::bf16, false).warp_specialized);
-    EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true).ctas_per_sm, 2);
+    const OverrideGuard guard("");
+    EXPECT_EQ(plan_kernel(128, DType::bf16, "auto"), AttentionKernel::ws);
+    EXPECT_EQ(plan_kernel(64, DType::f16, "auto"), AttentionKernel::ws);
+    EXPECT_EQ(plan_kernel(256, DType::bf16, "auto"), AttentionKernel::wgmma);
+    EXPECT_EQ(plan_kernel(96, DType::bf16, "auto"), AttentionKernel::mma);
+    EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e4m3"), AttentionKernel::mma);
+    EXPECT_EQ(plan_kernel(128, DType::bf16, "auto", 64), AttentionKernel::mma);
   }
   {
-    const ChoiceGuard guard(AttentionKernelChoice::wgmma);
-    EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false).ctas_per_sm, 2);
+    const OverrideGuard guard("prefill=wgmma");
+    EXPECT_EQ(plan_kernel(128, DType::bf16, "auto"), AttentionKernel::wgmma);
   }
-  const ChoiceGuard guard(AttentionKernelChoice::ws);
-  EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false).ctas_per_sm, 1);
-  EXPECT_EQ(cuda::attention_kernel_info(64, DType::f16, false).ctas_per_sm, 1);
-  EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, true).ctas_per_sm, 2);
+  {
+    const OverrideGuard guard("prefill=mma");
+    EXPECT_EQ(plan_kernel(128, DType::bf16, "auto"), AttentionKernel::mma);
+  }
+  EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::ws).ctas_per_sm, 1);
+  EXPECT_EQ(cuda::attention_kernel_info(64, DType::f16, false, AttentionKernel::ws).ctas_per_sm, 1);
+  EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::wgmma).ctas_per_sm, 2);
+  EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true, AttentionKernel::mma).ctas_per_sm, 2);
+  EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::decode).ctas_per_sm, 3);
+  // A kernel without an instance for the head size / cache is an Error, not another kernel.
+  EXPECT_THROW(cuda::attention_kernel_info(96, DType::bf16, false, AttentionKernel::ws), Error);
+  EXPECT_THROW(cuda::attention_kernel_info(128, DType::bf16, true, AttentionKernel::wgmma), Error);
+  EXPECT_THROW(cuda::attention_kernel_info(256, DType::bf16, false, AttentionKernel::decode), Error);
 }
 
 TEST(CudaKernelVariants, WgmmaPrefillMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
-  run_all(AttentionKernelChoice::wgmma, {64, 128, 256}, 0x3A11);
+  run_all("prefill=wgmma", {64, 128, 256}, 0x3A11);
 }
 
 TEST(CudaKernelVariants, WarpSpecializedMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
-  run_all(AttentionKernelChoice::ws, {64, 128}, 0x5E11);
+  run_all("prefill=ws", {64, 128}, 0x5E11);
 }
 
 TEST(CudaKernelVariants, MmaPrefillMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
-  run_all(AttentionKernelChoice::mma, {64, 128, 256}, 0x77AA);
+  run_all("prefill=mma", {64, 128, 256}, 0x77AA);
 }
 
 
@@ -265,11 +291,11 @@ std::vector<ConformanceCase> decode_cases() {
   return cases;
 }
 
-void run_decode_cases(cuda::DecodeKernelChoice choice, uint64_t seed0) {
-  const DecodeChoiceGuard guard(choice);
+void run_decode_cases(const char* override_spec, uint64_t seed0) {
+  const OverrideGuard guard(override_spec);
   int decode_plans = 0;
   const int run = run_cases(decode_cases(), seed0, 7919, &decode_plans);
-  if (choice == cuda::DecodeKernelChoice::unified) {
+  if (cuda::kernel_override().decode == cuda::DecodeKernelChoice::unified) {
     EXPECT_EQ(decode_plans, 0) << "unified: no plan may use the decode-only kernel";
   } else {
     EXPECT_EQ(decode_plans, run) << "decode: every decode batch takes the decode-only kernel";
@@ -281,18 +307,17 @@ void run_decode_cases(cuda::DecodeKernelChoice choice, uint64_t seed0) {
 // fp8 caches and head_size_v != head_size keep the paged attention kernel).
 TEST(CudaKernelVariants, WarpSpecializedDecodeMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
-  const ChoiceGuard guard(AttentionKernelChoice::ws);
-  run_decode_cases(cuda::DecodeKernelChoice::unified, 0x5EDC);
+  run_decode_cases("prefill=ws,decode=unified", 0x5EDC);
 }
 
 TEST(CudaKernelVariants, DecodeKernelMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
-  run_decode_cases(cuda::DecodeKernelChoice::decode, 0xDEC0);
+  run_decode_cases("decode=decode", 0xDEC0);
 }
 
 TEST(CudaKernelVariants, UnifiedDecodeMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
-  run_decode_cases(cuda::DecodeKernelChoice::unified, 0x0DEC);
+  run_decode_cases("decode=unified", 0x0DEC);
 }
 
 // Which plans take the decode-only kernel under auto: decode batches of head size <= 128 (not 256,
@@ -301,7 +326,7 @@ TEST(CudaKernelVariants, UnifiedDecodeMatchesReference) {
 // (The smallest batches' choice depends on the SM count; these hold for 100+ SMs.)
 TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
   PAGEDATTN_REQUIRE_GPU();
-  const DecodeChoiceGuard guard(cuda::DecodeKernelChoice::automatic);
+  const OverrideGuard guard("");
   const std::vector<conformance::RequestShape> decodes(128, conformance::RequestShape{300, 1});
   std::vector<conformance::RequestShape> spec = decodes;
   spec[5] = {300, 4};
@@ -319,13 +344,14 @@ TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
     const conformance::PreparedRun run = conformance::prepare_run(cuda_backend(), Device::cuda, inputs);
     const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(run.step_metadata.get());
     EXPECT_NE(md, nullptr);
-    return md != nullptr && md->decode_kernel;
+    return md != nullptr && md->kernel == AttentionKernel::decode;
   };
   EXPECT_TRUE(plan_uses_decode_kernel(128, decodes));
   // Head size 128 on sm_90a runs the warp-specialized kernel, which keeps the larger decode batches
   // (over 32 64-key tiles per SM): 128 requests of 1300 keys over 2 kv heads, 5376 tiles (up to
   // 168 SMs).
-  const bool ws128 = cuda::attention_kernel_info(128, DType::bf16, false).warp_specialized;
+  const bool ws128 = cuda::select_attention_kernel(cuda::PrefillKernelChoice::automatic, 128, 128, false,
+                                                   cuda::wgmma_kernels_available(), true) == AttentionKernel::ws;
   const std::vector<conformance::RequestShape> large(128, conformance::RequestShape{1299, 1});
   EXPECT_EQ(plan_uses_decode_kernel(128, large), !ws128);
   EXPECT_TRUE(plan_uses_decode_kernel(64, spec));
@@ -334,42 +360,12 @@ TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
   // One request over 8 kv heads: filling the device leaves 3-tile chunks (the unified kernel's).
   EXPECT_FALSE(plan_uses_decode_kernel(128, {{8000, 1}}, 8));
   {
-    const DecodeChoiceGuard forced(cuda::DecodeKernelChoice::decode);
+    const OverrideGuard forced("decode=decode");
     EXPECT_TRUE(plan_uses_decode_kernel(128, {{8000, 1}}, 8));
   }
   {
-    const DecodeChoiceGuard unified(cuda::DecodeKernelChoice::unified);
+    const OverrideGuard unified("decode=unified");
     EXPECT_FALSE(plan_uses_decode_kernel(128, decodes));
-  }
-}
-
-TEST(CudaKernelVariants, DecodeKernelEnvValues) {
-  EXPECT_EQ(cuda::parse_decode_kernel_choice(nullptr), cuda::DecodeKernelChoice::automatic);
-  EXPECT_EQ(cuda::parse_decode_kernel_choice("auto"), cuda::DecodeKernelChoice::automatic);
-  EXPECT_EQ(cuda::parse_decode_kernel_choice("unified"), cuda::DecodeKernelChoice::unified);
-  EXPECT_EQ(cuda::parse_decode_kernel_choice("decode"), cuda::DecodeKernelChoice::decode);
-  try {
-    cuda::parse_decode_kernel_choice("fused");
-    ADD_FAILURE() << "no Error for an unknown value";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("PAGEDATTN_CUDA_DECODE_KERNEL"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("fused"), std::string::npos) << e.what();
-  }
-}
-
-TEST(CudaKernelVariants, PrefillKernelEnvValues) {
-  EXPECT_EQ(cuda::parse_prefill_kernel_choice(nullptr), AttentionKernelChoice::automatic);
-  EXPECT_EQ(cuda::parse_prefill_kernel_choice(""), AttentionKernelChoice::automatic);
-  EXPECT_EQ(cuda::parse_prefill_kernel_choice("auto"), AttentionKernelChoice::automatic);
-  EXPECT_EQ(cuda::parse_prefill_kernel_choice("mma"), AttentionKernelChoice::mma);
-  EXPECT_EQ(cuda::parse_prefill_kernel_choice("ws"), AttentionKernelChoice::ws);
-  EXPECT_EQ(cuda::parse_prefill_kernel_choice("wgmma"), AttentionKernelChoice::wgmma);
-  try {
-    cuda::parse_prefill_kernel_choice("wgmma2");
-    ADD_FAILURE() << "no Error for an unknown value";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("PAGEDATTN_CUDA_PREFILL_KERNEL"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("wgmma2"), std::string::npos) << e.what();
   }
 }
 

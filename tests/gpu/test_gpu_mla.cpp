@@ -315,7 +315,8 @@ void run_decode_case(const DecodeCase& c, uint64_t seed) {
   p.num_requests = b;
   p.scale_log2 = scale * k_scale * 1.4426950408889634f;
   p.out_scale = k_scale;
-  md::launch_decode(p, c.act, c.cache, plan.num_parts, plan.any_split, current_cuda_stream());
+  md::launch_decode(p, c.act, c.cache, md::resolve_decode_kernel(h, c.cache), plan.num_parts, plan.any_split,
+                    current_cuda_stream());
   const Tensor got = to_host(out), got_lse = to_host(lse);
   ASSERT_TRUE(all_finite(got)) << "an output element was not written";
   double d2 = 0, r2 = 0, lse_err = 0;
@@ -361,7 +362,8 @@ TEST(CudaMlaDecode, KernelMatchesOracle) {
 }
 
 // The compute-bound head counts with 16-bit caches run the wgmma kernel on Hopper (so the
-// oracle cases above cover it); everything else stays on the mma.sync kernel.
+// oracle cases above cover it); everything else stays on the mma.sync kernel. The choice is the
+// builder's, made once and stored in each plan; mla=mma (PAGEDATTN_CUDA_KERNEL) switches it off.
 TEST(CudaMlaDecode, WgmmaKernelCoversHopperHeads) {
   PAGEDATTN_REQUIRE_GPU();
   int device = 0, major = 0, minor = 0;
@@ -369,17 +371,25 @@ TEST(CudaMlaDecode, WgmmaKernelCoversHopperHeads) {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (major != 9 || minor != 0) GTEST_SKIP() << "the wgmma kernel needs compute capability 9.0";
-  const char* forced = std::getenv("PAGEDATTN_MLA_DECODE_KERNEL");
-  if (forced != nullptr && std::string(forced) == "mma") {
-    // The switch sends every head count to the mma.sync kernel.
-    EXPECT_FALSE(md::wgmma_decode_covers(128, DType::bf16, DType::bf16));
-    GTEST_SKIP() << "PAGEDATTN_MLA_DECODE_KERNEL=mma: the wgmma kernel is switched off";
-  }
-  EXPECT_TRUE(md::wgmma_decode_covers(128, DType::bf16, DType::bf16));
-  EXPECT_TRUE(md::wgmma_decode_covers(64, DType::f16, DType::f16));
-  EXPECT_FALSE(md::wgmma_decode_covers(32, DType::bf16, DType::bf16));
-  EXPECT_FALSE(md::wgmma_decode_covers(128, DType::bf16, DType::fp8_e4m3));
-  EXPECT_FALSE(md::wgmma_decode_covers(128, DType::bf16, DType::f16));
+  ASSERT_TRUE(md::wgmma_decode_available()) << "the sm_90a image is not the one the device runs";
+  const md::DecodeKernel expected128 =
+      cuda::kernel_override().mla == cuda::MlaDecodeKernelChoice::mma ? md::DecodeKernel::mma_64_rows
+                                                                      : md::DecodeKernel::wgmma;
+  EXPECT_EQ(md::resolve_decode_kernel(128, DType::bf16), expected128);
+  EXPECT_EQ(md::resolve_decode_kernel(32, DType::bf16), md::DecodeKernel::mma_16_rows);
+  EXPECT_EQ(md::resolve_decode_kernel(128, DType::fp8_e4m3), md::DecodeKernel::mma_64_rows);
+  cuda::set_kernel_override(cuda::parse_kernel_override("mla=mma"));
+  EXPECT_EQ(md::resolve_decode_kernel(128, DType::bf16), md::DecodeKernel::mma_64_rows);
+  cuda::set_kernel_override(cuda::parse_kernel_override("mla=auto"));
+  EXPECT_EQ(md::resolve_decode_kernel(64, DType::f16), md::DecodeKernel::wgmma);
+  cuda::set_kernel_override(std::nullopt);
+  // A plan's wgmma kernel on an fp8 cache is an Error, not the other kernel.
+  md::DecodeParams p{};
+  p.num_requests = 1;
+  p.num_heads = 128;
+  EXPECT_THROW(md::launch_decode(p, DType::bf16, DType::fp8_e4m3, md::DecodeKernel::wgmma, 1, false,
+                                 current_cuda_stream()),
+               Error);
 }
 
 TEST(CudaMlaDecode, PlanBalancesParts) {

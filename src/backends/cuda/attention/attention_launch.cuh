@@ -1,24 +1,22 @@
 // Definitions of the per-head-size launch helpers; each paged_attention_d<D>.cu instantiates
 // them for one head size (so the six head sizes compile in parallel): the paged attention kernel
-// and, for head sizes <= 128, the decode-only kernel.
-//
-// Kernel variants (attention_kernel_choice.h): a launch runs the variant that
-// attention_kernel_choice() and the device select for its (D, cache, head sizes); the builder's
-// occupancy figure (attention_kernel_info) is that of the same selection.
+// in its variants, the decode-only kernel (head sizes <= 128) and the warp-specialized kernel
+// (head sizes 64 and 128). A launch runs the kernel its plan names (kernel_selection.h); the
+// builder's occupancy figure (attention_kernel_info) is that kernel's.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
-#include "backends/cuda/attention/attention_kernel_choice.h"
 #include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/attention/paged_attention_kernel.cuh"
 #include "backends/cuda/attention/paged_attention_ws.cuh"
 #include "backends/cuda/attention/paged_decode_kernel.cuh"
 #include "backends/cuda/common/device_runtime.h"
+#include "pagedattn/error.h"
 
 namespace pagedattn::cuda {
 
@@ -35,48 +33,13 @@ inline void raise_smem_limit_once(std::atomic<uint64_t>& configured_devices, con
   configured_devices.fetch_or(bit);
 }
 
-// Raises the kernel's dynamic shared-memory limit on the current device (once per device).
+// The paged attention kernel in variant kVariant: shared-memory limit raised once per device.
 template <int D, typename T, bool kFp8, int kVariant>
 void configure_kernel() {
   static std::atomic<uint64_t> configured_devices{0};
   raise_smem_limit_once(configured_devices, reinterpret_cast<const void*>(paged_attention_kernel<D, T, kFp8, kVariant>),
                         KernelVariantTraits<D, T, kFp8, kVariant>::kSmemBytes,
                         "cudaFuncSetAttribute(paged_attention_kernel)");
-}
-
-// Whether the warp-specialized kernel's 32-bit byte strides hold this launch's K/V (always for
-// the caches and current rows of real models: a block of 16 tokens x 8 heads x 128 is 32 KB).
-inline bool ws_strides_fit(const AttentionKernelParams& p) {
-  const int64_t limit = int64_t{1} << 32;
-  const int64_t rows = p.paged ? std::max(1, p.block_size) : 1;
-  return p.k_block_stride * 2 < limit && p.v_block_stride * 2 < limit && rows * p.k_token_stride * 2 < limit &&
-         rows * p.v_token_stride * 2 < limit;
-}
-
-// The variant for head size D and this cache under the current choice; `equal_dims`: the layer's
-// head_size == head_size_v == D (the wgmma path has no narrow-row copies); `ws_fits`: the launch's
-// strides suit the warp-specialized kernel (ws_strides_fit; true when the builder asks).
-template <int D, bool kFp8>
-int select_kernel_variant(bool equal_dims, bool ws_fits = true) {
-  const AttentionKernelChoice choice = attention_kernel_choice();
-  if constexpr (WsTraits<D>::kSupported && !kFp8) {
-    const bool want_ws = choice == AttentionKernelChoice::ws || choice == AttentionKernelChoice::automatic;
-    if (want_ws && equal_dims && ws_fits && wgmma_kernels_available()) return kVariantWs;
-  }
-  if constexpr (WgmmaPrefillTraits<D>::kSupported && !kFp8) {
-    if (choice != AttentionKernelChoice::mma && equal_dims && wgmma_kernels_available()) return kVariantWgmma;
-  }
-  return kVariantMma;
-}
-
-// Calls f.template operator()<kVariant>() for the runtime variant (only the variants of the paged
-// attention kernel that exist for (D, kFp8) are instantiated; kVariantWs is the caller's).
-template <int D, bool kFp8, class F>
-void with_kernel_variant(int variant, F&& f) {
-  if constexpr (WgmmaPrefillTraits<D>::kSupported && !kFp8) {
-    if (variant == kVariantWgmma) return f.template operator()<kVariantWgmma>();
-  }
-  return f.template operator()<kVariantMma>();
 }
 
 // The decode-only kernel (paged_decode_kernel.cuh): shared-memory limit raised once per device.
@@ -95,89 +58,122 @@ void configure_ws_kernel() {
                         WsTraits<D>::kSmemBytes, "cudaFuncSetAttribute(paged_attention_ws_kernel)");
 }
 
-template <int D, typename T, bool kFp8>
-AttentionKernelInfo attention_kernel_info_for() {
+// A plan names a kernel this build has no instance of for the layer (its builder was made for
+// another head size or cache dtype).
+[[noreturn]] inline void throw_kernel_not_compiled(AttentionKernel kernel, int head_size, bool fp8_kv) {
+  throw Error("metadata", detail::concat("CUDA: the plan runs the ", attention_kernel_name(kernel),
+                                         " attention kernel, which has no instance for head size ", head_size,
+                                         fp8_kv ? " with an fp8 cache" : " with a 16-bit cache",
+                                         ": build the plan with the layer's KV cache spec"));
+}
+
+template <int D, typename T, bool kFp8, int kVariant>
+AttentionKernelInfo paged_attention_kernel_info() {
+  using V = KernelVariantTraits<D, T, kFp8, kVariant>;
   AttentionKernelInfo info;
-  if constexpr (DecodeKernelTraits<D, T, kFp8>::kExists) {
-    configure_decode_kernel<D, T, kFp8>();
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.decode_ctas_per_sm, paged_decode_kernel<D, T, kFp8>,
-                                                  kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kSmemBytes);
-    check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_decode_kernel)");
-  }
-  const int variant = select_kernel_variant<D, kFp8>(true);
-  if constexpr (WsTraits<D>::kSupported && !kFp8) {
-    if (variant == kVariantWs) {
-      configure_ws_kernel<D, T>();
-      info.smem_bytes = WsTraits<D>::kSmemBytes;
-      info.rows_prefill = WsTraits<D>::kRows;
-      info.warp_specialized = true;
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_ws_kernel<D, T>,
-                                                    WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes);
-      check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_ws_kernel)");
-      return info;
-    }
-  }
-  with_kernel_variant<D, kFp8>(variant, [&]<int kVariant>() {
-    using V = KernelVariantTraits<D, T, kFp8, kVariant>;
-    configure_kernel<D, T, kFp8, kVariant>();
-    info.smem_bytes = V::kSmemBytes;
-    info.rows_prefill = AttentionTraits<D, T, kFp8>::kPrefillRows;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_kernel<D, T, kFp8, kVariant>,
-                                                  kThreadsPerCta, V::kSmemBytes);
-    check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_kernel)");
-  });
+  configure_kernel<D, T, kFp8, kVariant>();
+  info.smem_bytes = V::kSmemBytes;
+  info.rows_prefill = AttentionTraits<D, T, kFp8>::kPrefillRows;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_kernel<D, T, kFp8, kVariant>,
+                                                kThreadsPerCta, V::kSmemBytes);
+  check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_kernel)");
   return info;
 }
 
-template <int D>
-AttentionKernelInfo attention_kernel_info_d(DType activation, bool fp8_kv) {
-  if (activation == DType::bf16) {
-    return fp8_kv ? attention_kernel_info_for<D, __nv_bfloat16, true>()
-                  : attention_kernel_info_for<D, __nv_bfloat16, false>();
+template <int D, typename T, bool kFp8>
+AttentionKernelInfo attention_kernel_info_for(AttentionKernel kernel) {
+  AttentionKernelInfo info;
+  switch (kernel) {
+    case AttentionKernel::decode:
+      if constexpr (DecodeKernelTraits<D, T, kFp8>::kExists) {
+        configure_decode_kernel<D, T, kFp8>();
+        info.smem_bytes = DecodeKernelTraits<D, T, kFp8>::kSmemBytes;
+        info.rows_prefill = AttentionTraits<D, T, kFp8>::kPrefillRows;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_decode_kernel<D, T, kFp8>,
+                                                      kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kSmemBytes);
+        check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_decode_kernel)");
+        return info;
+      }
+      break;
+    case AttentionKernel::ws:
+      if constexpr (WsTraits<D>::kSupported && !kFp8) {
+        configure_ws_kernel<D, T>();
+        info.smem_bytes = WsTraits<D>::kSmemBytes;
+        info.rows_prefill = WsTraits<D>::kRows;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_ws_kernel<D, T>,
+                                                      WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes);
+        check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_ws_kernel)");
+        return info;
+      }
+      break;
+    case AttentionKernel::wgmma:
+      if constexpr (WgmmaPrefillTraits<D>::kSupported && !kFp8) return paged_attention_kernel_info<D, T, kFp8, kVariantWgmma>();
+      break;
+    case AttentionKernel::mma:
+      return paged_attention_kernel_info<D, T, kFp8, kVariantMma>();
   }
-  return fp8_kv ? attention_kernel_info_for<D, __half, true>()
-                : attention_kernel_info_for<D, __half, false>();
+  throw_kernel_not_compiled(kernel, D, kFp8);
+}
+
+template <int D>
+AttentionKernelInfo attention_kernel_info_d(DType activation, bool fp8_kv, AttentionKernel kernel) {
+  if (activation == DType::bf16) {
+    return fp8_kv ? attention_kernel_info_for<D, __nv_bfloat16, true>(kernel)
+                  : attention_kernel_info_for<D, __nv_bfloat16, false>(kernel);
+  }
+  return fp8_kv ? attention_kernel_info_for<D, __half, true>(kernel)
+                : attention_kernel_info_for<D, __half, false>(kernel);
+}
+
+template <int D, typename T, bool kFp8, int kVariant>
+void launch_paged_attention_kernel(const AttentionKernelParams& params, int grid, cudaStream_t stream) {
+  configure_kernel<D, T, kFp8, kVariant>();
+  paged_attention_kernel<D, T, kFp8, kVariant>
+      <<<grid, kThreadsPerCta, KernelVariantTraits<D, T, kFp8, kVariant>::kSmemBytes, stream>>>(params);
+  check_launch("paged_attention_kernel");
 }
 
 template <int D, typename T, bool kFp8>
-void launch_for(const AttentionKernelParams& params, int grid, bool decode_kernel, cudaStream_t stream) {
-  if constexpr (DecodeKernelTraits<D, T, kFp8>::kExists) {
-    if (decode_kernel) {
-      configure_decode_kernel<D, T, kFp8>();
-      paged_decode_kernel<D, T, kFp8>
-          <<<grid, kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kSmemBytes, stream>>>(params);
-      check_launch("paged_decode_kernel");
-      return;
-    }
+void launch_for(const AttentionKernelParams& params, AttentionKernel kernel, int grid, cudaStream_t stream) {
+  switch (kernel) {
+    case AttentionKernel::decode:
+      if constexpr (DecodeKernelTraits<D, T, kFp8>::kExists) {
+        configure_decode_kernel<D, T, kFp8>();
+        paged_decode_kernel<D, T, kFp8>
+            <<<grid, kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kSmemBytes, stream>>>(params);
+        check_launch("paged_decode_kernel");
+        return;
+      }
+      break;
+    case AttentionKernel::ws:
+      if constexpr (WsTraits<D>::kSupported && !kFp8) {
+        configure_ws_kernel<D, T>();
+        paged_attention_ws_kernel<D, T><<<grid, WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes, stream>>>(params);
+        check_launch("paged_attention_ws_kernel");
+        return;
+      }
+      break;
+    case AttentionKernel::wgmma:
+      if constexpr (WgmmaPrefillTraits<D>::kSupported && !kFp8) {
+        return launch_paged_attention_kernel<D, T, kFp8, kVariantWgmma>(params, grid, stream);
+      }
+      break;
+    case AttentionKernel::mma:
+      return launch_paged_attention_kernel<D, T, kFp8, kVariantMma>(params, grid, stream);
   }
-  const bool equal_dims = params.head_size_qk == D && params.head_size_v == D;
-  const int variant = select_kernel_variant<D, kFp8>(equal_dims, ws_strides_fit(params));
-  if constexpr (WsTraits<D>::kSupported && !kFp8) {
-    if (variant == kVariantWs) {
-      configure_ws_kernel<D, T>();
-      paged_attention_ws_kernel<D, T><<<grid, WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes, stream>>>(params);
-      check_launch("paged_attention_ws_kernel");
-      return;
-    }
-  }
-  with_kernel_variant<D, kFp8>(variant, [&]<int kVariant>() {
-    configure_kernel<D, T, kFp8, kVariant>();
-    paged_attention_kernel<D, T, kFp8, kVariant>
-        <<<grid, kThreadsPerCta, KernelVariantTraits<D, T, kFp8, kVariant>::kSmemBytes, stream>>>(params);
-    check_launch("paged_attention_kernel");
-  });
+  throw_kernel_not_compiled(kernel, D, kFp8);
 }
 
 template <int D>
 void launch_paged_attention_d(const AttentionKernelParams& params, DType activation, bool fp8_kv,
-                              int grid, bool decode_kernel, void* stream) {
+                              AttentionKernel kernel, int grid, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (activation == DType::bf16) {
-    fp8_kv ? launch_for<D, __nv_bfloat16, true>(params, grid, decode_kernel, s)
-           : launch_for<D, __nv_bfloat16, false>(params, grid, decode_kernel, s);
+    fp8_kv ? launch_for<D, __nv_bfloat16, true>(params, kernel, grid, s)
+           : launch_for<D, __nv_bfloat16, false>(params, kernel, grid, s);
   } else {
-    fp8_kv ? launch_for<D, __half, true>(params, grid, decode_kernel, s)
-           : launch_for<D, __half, false>(params, grid, decode_kernel, s);
+    fp8_kv ? launch_for<D, __half, true>(params, kernel, grid, s)
+           : launch_for<D, __half, false>(params, kernel, grid, s);
   }
 }
 

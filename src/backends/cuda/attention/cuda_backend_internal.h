@@ -5,11 +5,14 @@
 // CTA count:
 //   [PlanHeader][WorkItem x max_items][CombineItem x max_combine][block table copy]
 //   [slot_mapping copy][partial out f32 (rows, Dv)][partial LSE f32 (rows,)]
-// Plans: decode batches (every request's query_len * group <= 16, no cascade) are planned for
-// the decode-only kernel (3 CTAs per SM, wave-balanced splits) unless PAGEDATTN_CUDA_DECODE_KERNEL
-// = unified; the paged attention kernel runs every other plan. Each kernel computes any plan
-// exactly, so a graph captures the kernel of its capture plan and replays any later plan with it
-// (fast when the kinds match, as in vLLM's decode graphs).
+// Kernels: the builder chooses, once at construction, the kernel of the layer's plans
+// (kernel_selection.h: the warp-specialized, wgmma or mma.sync one, from the layer, the cache, the
+// device and the PAGEDATTN_CUDA_KERNEL override) and the decode-only kernel policy; each plan
+// records its kernel (CudaAttentionMetadata::kernel): decode batches (every request's query_len *
+// group <= 16, no cascade) the decode-only kernel (3 CTAs per SM, wave-balanced splits) when the
+// policy lets them, every other plan the layer's kernel. The launch runs the plan's kernel. Each
+// kernel computes any plan exactly, so a graph captures the kernel of its capture plan and
+// replays any later plan with it (fast when the kinds match, as in vLLM's decode graphs).
 // Partial rows: max(2 * resident CTAs * 64, 4 * max_num_seqs * num_heads) for split-KV, plus
 // 2 * C * num_heads when the group can
 // take the cascade path (decoder, no window, no ALiBi): the prefix states and the requests'
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "backends/cuda/attention/attention_plan.h"
+#include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/attention/planner.h"
 #include "pagedattn/backend.h"
 #include "pagedattn/tensor.h"
@@ -58,7 +62,7 @@ struct CudaAttentionMetadata final : AttentionMetadata {
   int num_combine_items = 0;
   int attention_grid = 0;              // CTAs when not capturing
   int resident_ctas = 0;               // CTAs of the plan's kernel when capturing (graph-safe)
-  bool decode_kernel = false;          // the plan is for the decode-only kernel
+  AttentionKernel kernel = AttentionKernel::mma;  // what the launch runs (the builder's choice)
   int combine_grid_capacity = 0;       // combine CTAs when capturing
   bool for_cudagraph = false;
   // Device plan (builder workspace).
@@ -88,8 +92,6 @@ class CudaMetadataBuilder final : public AttentionMetadataBuilder {
   bool supports_cascade() const override { return cascade_possible_; }
   size_t workspace_bytes() const override { return workspace_.nbytes(); }
 
-  const PlannerConfig& planner_config() const { return planner_; }
-
  private:
   std::shared_ptr<CudaAttentionMetadata> build_plan(const CommonAttentionMetadata& common,
                                                     bool for_cudagraph, int common_prefix_len);
@@ -104,7 +106,7 @@ class CudaMetadataBuilder final : public AttentionMetadataBuilder {
   int cascade_max_tokens_ = 0;     // the largest batch (tokens) planned as cascade
   int resident_ctas_ = 0;
   int decode_resident_ctas_ = 0;   // the decode-only kernel's; 0: none for this head size
-  bool warp_specialized_ = false;  // the paged attention launches run the warp-specialized kernel
+  AttentionKernel kernel_ = AttentionKernel::mma;  // the kernel of the plans that are not decode-only
   int max_block_table_cols_ = 0;
   int64_t max_slots_ = 0;
   // Workspace layout (byte offsets).

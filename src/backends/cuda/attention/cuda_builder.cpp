@@ -9,10 +9,11 @@
 #include <cstring>
 #include <span>
 
-#include "backends/cuda/attention/attention_kernel_choice.h"
 #include "backends/cuda/attention/cuda_backend_internal.h"
 #include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/common/device_runtime.h"
+#include "backends/cuda/common/kernel_override.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
 #include "pagedattn/metadata.h"
@@ -58,11 +59,26 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
                   config_.max_model_len, ": all must be > 0");
   const int head_size_v = config_.head_size_v;
 
-  const AttentionKernelInfo info = attention_kernel_info(kernel_head_size, DType::bf16, is_fp8(spec_.dtype));
+  // The kernels of this builder's plans, chosen once (kernel_selection.h). The warp-specialized
+  // kernel's 32-bit strides are checked here for the cache this spec allocates (contiguous, NHD
+  // or HND: the NHD rows are the farther apart) and at forward for the tensors given.
+  const KernelOverride choice = kernel_override();
+  const bool cached = uses_kv_cache(config_.attn_type);
+  const bool fp8_kv = cached && is_fp8(spec_.dtype);
+  const int64_t row_elems = int64_t{config_.num_kv_heads} * kernel_head_size;
+  const bool ws_strides_ok =
+      !cached || ws_strides_fit(spec_.block_size * row_elems, row_elems, spec_.block_size * row_elems, row_elems,
+                                spec_.block_size);
+  kernel_ = select_attention_kernel(choice.prefill, config_.head_size, config_.head_size_v, fp8_kv,
+                                    wgmma_kernels_available(), ws_strides_ok);
+  // Occupancy is the same for f16 and bf16 activations.
+  const AttentionKernelInfo info = attention_kernel_info(kernel_head_size, DType::bf16, fp8_kv, kernel_);
   const int sms = config_.num_sms > 0 ? config_.num_sms : current_device_sm_count();
   resident_ctas_ = std::max(1, info.ctas_per_sm) * sms;
-  decode_resident_ctas_ = info.decode_ctas_per_sm * sms;  // 0: no decode-only kernel for this head size
-  warp_specialized_ = info.warp_specialized;
+  decode_resident_ctas_ =  // 0: no decode-only kernel for this head size
+      decode_kernel_head_size(kernel_head_size)
+          ? attention_kernel_info(kernel_head_size, DType::bf16, fp8_kv, AttentionKernel::decode).ctas_per_sm * sms
+          : 0;
 
   planner_.group_size = config_.num_heads / config_.num_kv_heads;
   planner_.num_kv_heads = config_.num_kv_heads;
@@ -70,6 +86,16 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   planner_.resident_ctas = resident_ctas_;
   planner_.positional = config_.attn_type != AttentionType::encoder_decoder;
   planner_.sliding_window = config_.sliding_window;
+  // Decode batches are planned for the decode-only kernel unless decode=unified (a graph captured
+  // then runs that kernel, which computes any later plan too, only prefill items more slowly).
+  // Under auto, where the layer's plans run the warp-specialized kernel, only the smaller batches
+  // of decodes (<= 32 64-key tiles per SM) take the decode-only kernel: the warp-specialized
+  // kernel streams larger ones faster, smaller ones slower (docs/perf/cuda.md, 2026-11-26).
+  planner_.decode_resident_ctas = choice.decode != DecodeKernelChoice::unified ? decode_resident_ctas_ : 0;
+  planner_.decode_kernel_max_tiles = kernel_ == AttentionKernel::ws && choice.decode == DecodeKernelChoice::automatic
+                                         ? int64_t{32} * resident_ctas_
+                                         : 0;
+  planner_.force_decode_kernel = choice.decode == DecodeKernelChoice::decode;
   // Cascade needs room for two states per query row (prefix + suffix), one combine item per
   // request item and the prefix items.
   cascade_possible_ = config_.attn_type == AttentionType::decoder && !config_.sliding_window && !config_.use_alibi;
@@ -206,17 +232,6 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   }
   PlannerConfig planner = planner_;
   planner.causal = config_.attn_type == AttentionType::decoder && common.causal;
-  // Decode batches are planned for the decode-only kernel (a graph captured then runs that kernel,
-  // which computes any later plan too, only prefill items more slowly).
-  const DecodeKernelChoice decode_choice = decode_kernel_choice();
-  planner.decode_resident_ctas = decode_choice != DecodeKernelChoice::unified ? decode_resident_ctas_ : 0;
-  // Under auto, where the launches run the warp-specialized kernel only small batches of decodes
-  // (<= 32 64-key tiles per SM) take the decode-only kernel: the warp-specialized kernel streams
-  // larger ones faster, smaller ones slower (H200, 2026-11-26: b128x4k 0.505 vs 0.560 ms, b64x2k
-  // 0.140 vs 0.158, b8x16k 0.134 vs 0.144; b8x2k 0.033 vs 0.030; docs/perf/cuda.md).
-  planner.decode_kernel_max_tiles =
-      warp_specialized_ && decode_choice == DecodeKernelChoice::automatic ? int64_t{32} * resident_ctas_ : 0;
-  planner.force_decode_kernel = decode_choice == DecodeKernelChoice::decode;
   const int prefix = cascade_prefix(common_prefix_len, common, planner.causal);
   const AttentionPlan plan = make_attention_plan(planner, query_start_loc, seq_lens, prefix);
 
@@ -292,7 +307,7 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   md->sliding_window = config_.sliding_window;
   md->num_work_items = header.num_work_items;
   md->num_combine_items = header.num_combine_items;
-  md->decode_kernel = plan.decode_kernel;
+  md->kernel = plan.decode_kernel ? AttentionKernel::decode : kernel_;
   md->resident_ctas = plan.decode_kernel ? decode_resident_ctas_ : resident_ctas_;
   md->attention_grid = std::min(header.num_work_items, md->resident_ctas);
   md->combine_grid_capacity = std::max(1, std::min(planner_.max_combine_items, resident_ctas_));

@@ -289,6 +289,13 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
     p.window_right = md.causal ? 0 : (window > 0 ? window - 1 : -1);
   }
 
+  // The plan's kernel must have an instance for this layer (attention_launch.cuh says so with an
+  // Error) and, for the warp-specialized one, the tensors' strides must fit its 32-bit offsets.
+  PAGEDATTN_CHECK(md.kernel != AttentionKernel::ws || ws_strides_fit(p), cached ? "kv_cache" : "key",
+                  "CUDA forward: the plan runs the warp-specialized kernel, whose copies use 32-bit byte "
+                  "offsets, but the K/V strides (block ", p.k_block_stride, " / ", p.v_block_stride, ", token ",
+                  p.k_token_stride, " / ", p.v_token_stride,
+                  " elements) do not fit them: build the plan with this layer's KV cache spec");
   void* stream = current_cuda_stream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t capture_query = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
@@ -297,9 +304,9 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
   const bool graph_safe = md.for_cudagraph || status != cudaStreamCaptureStatusNone;
   // Graph-safe launches do not depend on the plan's counts: the kernels read them on the device.
   const int grid = graph_safe ? md.resident_ctas : md.attention_grid;
-  // One kernel for D = max(head_size, head_size_v); the narrower dim is zero-padded on chip.
-  // Either kernel computes any plan of the builder, so a captured graph replays every later plan.
-  launch_paged_attention(p, std::max(head_size, head_size_v), params_.dtype, fp8 && cached, grid, md.decode_kernel,
+  // The plan's kernel for D = max(head_size, head_size_v); the narrower dim is zero-padded on chip.
+  // Every kernel computes any plan of the builder, so a captured graph replays every later plan.
+  launch_paged_attention(p, std::max(head_size, head_size_v), params_.dtype, fp8 && cached, md.kernel, grid,
                          stream);
   if (graph_safe || md.num_combine_items > 0) {
     CombineKernelParams c{};

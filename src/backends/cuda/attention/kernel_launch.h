@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backends/cuda/attention/attention_plan.h"
+#include "backends/cuda/attention/kernel_selection.h"
 #include "pagedattn/dtype.h"
 
 namespace pagedattn::cuda {
@@ -18,17 +19,16 @@ struct AttentionKernelInfo {
   int smem_bytes = 0;       // dynamic shared memory per CTA
   int ctas_per_sm = 0;      // resident CTAs per multiprocessor (occupancy)
   int rows_prefill = 0;     // rows of a prefill-path item
-  int decode_ctas_per_sm = 0;  // the decode-only kernel's occupancy; 0: none for this head size
-  bool warp_specialized = false;  // the paged attention launches run the warp-specialized kernel
 };
-// Sets the kernel's shared-memory attribute on the current device (once) and reports its
-// occupancy. activation: f16 or bf16; fp8_kv: the cache holds fp8.
-AttentionKernelInfo attention_kernel_info(int head_size, DType activation, bool fp8_kv);
+// Sets `kernel`'s shared-memory attribute on the current device (once) and reports its
+// occupancy. activation: f16 or bf16; fp8_kv: the cache holds fp8. Error when the kernel has no
+// instance for (head_size, cache) (kernel_selection.h says which exist).
+AttentionKernelInfo attention_kernel_info(int head_size, DType activation, bool fp8_kv, AttentionKernel kernel);
 
-// Launches the paged attention kernel with `grid` persistent CTAs; decode_kernel: the decode-only
-// kernel instead (every item of the plan is a decode-path item; decode_ctas_per_sm > 0).
+// Launches `kernel` (the plan's: kernel_selection.h) with `grid` persistent CTAs; Error when it
+// has no instance for (head_size, cache).
 void launch_paged_attention(const AttentionKernelParams& params, int head_size, DType activation,
-                            bool fp8_kv, int grid, bool decode_kernel, void* stream);
+                            bool fp8_kv, AttentionKernel kernel, int grid, void* stream);
 
 // Merges split partials (CombineItem list) into the output; `grid` persistent CTAs.
 void launch_combine_splits(const CombineKernelParams& params, DType activation, int grid,

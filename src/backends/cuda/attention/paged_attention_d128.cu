@@ -3,6 +3,7 @@
 #include "backends/cuda/attention/attention_launch.cuh"
 
 namespace pagedattn::cuda {
-template AttentionKernelInfo attention_kernel_info_d<128>(DType, bool);
-template void launch_paged_attention_d<128>(const AttentionKernelParams&, DType, bool, int, bool, void*);
+template AttentionKernelInfo attention_kernel_info_d<128>(DType, bool, AttentionKernel);
+template void launch_paged_attention_d<128>(const AttentionKernelParams&, DType, bool, AttentionKernel, int,
+                                             void*);
 }  // namespace pagedattn::cuda

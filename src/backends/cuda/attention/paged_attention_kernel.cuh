@@ -9,21 +9,27 @@
 //   prefill path (64 / 128 rows): kVariantMma the mma.sync path (prefill_mma.cuh, every head size
 //                and cache), kVariantWgmma the Hopper wgmma path (paged_prefill_wgmma.cuh;
 //                16-bit caches, D = 64 / 128 / 256, sm_90a).
-// The other kernels: the decode-only kernel (paged_decode_kernel.cuh) and the warp-specialized
-// one (paged_attention_ws.cuh); which one runs: attention_kernel_choice.h. Each computes every
-// plan.
+// Which kernel runs a plan (this one in either variant, the decode-only kernel of
+// paged_decode_kernel.cuh, or the warp-specialized one of paged_attention_ws.cuh) is the builder's
+// choice, stored in the plan (kernel_selection.h); each computes every plan.
 // Shared memory: the larger of the two paths' (the decode path's stages, the prefill path's Q
 // rows and stages), 1024-byte aligned for the wgmma path's 128-byte swizzle.
 #pragma once
 
-#include "backends/cuda/attention/attention_kernel_choice.h"
 #include "backends/cuda/attention/decode_path.cuh"
 #include "backends/cuda/attention/paged_prefill_wgmma.cuh"
 #include "backends/cuda/attention/prefill_mma.cuh"
 
 namespace pagedattn::cuda {
 
-// Resources of a kernel variant (attention_kernel_choice.h).
+// The prefill path compiled into the kernel (its template argument kVariant): AttentionKernel::mma
+// runs kVariantMma, AttentionKernel::wgmma kVariantWgmma (kernel_selection.h).
+enum KernelVariant : int {
+  kVariantMma = 0,
+  kVariantWgmma = 1,
+};
+
+// Resources of a kernel variant.
 template <int D, typename T, bool kFp8, int kVariant>
 struct KernelVariantTraits {
   using Tr = AttentionTraits<D, T, kFp8>;

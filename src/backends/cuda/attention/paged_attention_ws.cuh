@@ -1,4 +1,4 @@
-// Warp-specialized Hopper kernel of the paged attention (kVariantWs, attention_kernel_choice.h):
+// Warp-specialized Hopper kernel of the paged attention (AttentionKernel::ws, kernel_selection.h):
 // 16-bit caches, head sizes D = 64 and 128 (head_size == head_size_v == D), sm_90a. It computes
 // exactly what paged_attention_kernel computes for the same plan (attention_plan.h: every work
 // item, decode-path or prefill-path, split or not), with one code path for both kinds of item.
@@ -55,16 +55,17 @@
 // Precision points: as the other paths (f32 logits, softmax state and O; P rounded to the
 // activation type for P . V, the row sums from the f32 P; output rounded once).
 //
-// Not sm_90a: the body is a trap and the host never selects this variant.
+// Not sm_90a: the body is a trap and the builder never selects this kernel.
 #pragma once
 
+#include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/attention/paged_prefill_wgmma.cuh"
 
 namespace pagedattn::cuda {
 
 template <int D>
 struct WsTraits {
-  static constexpr bool kSupported = D == 64 || D == 128;
+  static constexpr bool kSupported = ws_kernel_head_size(D);
   static constexpr int kThreads = 384;
   // Register split, producer + 2 x consumer = 3 x 168 (the launch bound's budget): D = 64's
   // consumers hold half the O registers, so its producer gets 56 (40 spilled its fast copy path).
@@ -149,9 +150,10 @@ __device__ __forceinline__ void ws_load_q(const AttentionKernelParams& p, const 
 // Producer: the K/V rows of one thread. Thread pt copies rows pt / 8 + 16 i (i < 8) of every tile,
 // 16-byte chunks pt % 8 + 8 k: a warp request covers whole 128-byte lines of 4 rows. Per item the
 // thread's source bases (head and chunk offsets folded in) and 32-bit byte strides are set once
-// (the host picks this kernel only when the strides fit 32 bits: ws_strides_fit); per row the
-// address is a 32-bit multiply and one 32 x 32 -> 64-bit multiply-add per K and V, the
-// destination an immediate offset (row i is 2 KB further; rows pt / 8 + 16 i share a swizzle).
+// (the builder picks this kernel only for caches whose strides fit 32 bits and forward checks
+// the tensors' own: ws_strides_fit); per row the address is a 32-bit multiply and one 32 x 32 ->
+// 64-bit multiply-add per K and V, the destination an immediate offset (row i is 2 KB further;
+// rows pt / 8 + 16 i share a swizzle).
 // The page ids of a tile are read two tiles ahead and checked only when copied, so the block-table
 // load (about a DRAM latency when the copies saturate the memory) never stalls the producer: with
 // the load consumed one tile after it was issued, the producer's tile rate fell to ~27 GB/s an SM.

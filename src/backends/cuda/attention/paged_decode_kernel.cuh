@@ -11,13 +11,14 @@
 #pragma once
 
 #include "backends/cuda/attention/decode_path.cuh"
+#include "backends/cuda/attention/kernel_selection.h"
 
 namespace pagedattn::cuda {
 
 template <int D, typename T, bool kFp8>
 struct DecodeKernelTraits {
   using Tr = AttentionTraits<D, T, kFp8>;
-  static constexpr bool kExists = D <= 128;
+  static constexpr bool kExists = decode_kernel_head_size(D);
   static constexpr int kStages = 2;
   static constexpr int kSmemBytes =
       kDecodeRows * Tr::kRowStride * 2 + kStages * Tr::kStageBytes + Tr::kDecodeConvertedBytes;

@@ -1,4 +1,4 @@
-// Hopper wgmma prefill path of the paged attention kernel (kVariantWgmma, attention_kernel_choice.h):
+// Hopper wgmma prefill path of the paged attention kernel (AttentionKernel::wgmma, kernel_selection.h):
 // 16-bit caches, head sizes D = 64, 128, 256; sm_90a. It reuses the shared helpers (item context,
 // row ranges, logit transform, online softmax, page lookups: paged_attention_common.cuh) and
 // computes exactly what run_prefill_item (the mma.sync path, prefill_mma.cuh) computes, for the
@@ -44,10 +44,11 @@
 // Precision points: as the mma.sync path (f32 logits, softmax state and O; P rounded to the
 // activation type for P . V, the row sums from the f32 P; output rounded once).
 //
-// Not sm_90a (a build for another target): the body is a trap and the host never selects this
+// Not sm_90a (a build for another target): the body is a trap and the builder never selects this
 // variant (wgmma_kernels_available()).
 #pragma once
 
+#include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/attention/paged_attention_common.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
 
@@ -55,7 +56,7 @@ namespace pagedattn::cuda {
 
 template <int D>
 struct WgmmaPrefillTraits {
-  static constexpr bool kSupported = D == 64 || D == 128 || D == 256;
+  static constexpr bool kSupported = wgmma_prefill_head_size(D);
   static constexpr int kBlocks = D / 64;                  // 64-row blocks of an item (wgmma M = 64)
   static constexpr int kHalves = D <= 128 ? 2 : 1;        // 64-row blocks per item
   static constexpr int kRows = 64 * kHalves;

@@ -1,11 +1,12 @@
 // The CUDA_MLA backend: selector reasons, the builder (the shared MLA plan + the balanced
 // split-KV decode plan, mla_decode.h) and the impl (the shared MLA run + the latent decode
-// kernel). Plan/run split: build() partitions the decode key ranges on the host and uploads the
-// plan into device arrays allocated at construction (async copy of a staged host image, no
-// sync); forward_decode only launches kernels that read them. A plan is valid until the
-// builder's next build() (or its destruction): the shared MLA build stamps every plan
-// (PlanStamp, backend.h) and forward / do_kv_cache_update / forward_decode / the prefill runners
-// throw on an older one.
+// kernel). Plan/run split: the builder chooses the decode kernel once, at construction
+// (mla_decode.h DecodeKernel, under the PAGEDATTN_CUDA_KERNEL override); build() partitions the
+// decode key ranges on the host for that kernel's head tiles and uploads the plan into device
+// arrays allocated at construction (async copy of a staged host image, no sync); forward_decode
+// only launches the plan's kernel. A plan is valid until the builder's next build() (or its
+// destruction): the shared MLA build stamps every plan (PlanStamp, backend.h) and forward /
+// do_kv_cache_update / forward_decode / the prefill runners throw on an older one.
 #if PAGEDATTN_HAS_CUDA
 
 #include "backends/cuda/mla/mla_cuda_backend.h"
@@ -36,6 +37,7 @@ constexpr const char* kKvCacheDtypes[] = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2",
 namespace md = mla_decode;
 
 struct CudaMlaMetadata final : MLAMetadata {
+  md::DecodeKernel decode_kernel = md::DecodeKernel::mma_16_rows;  // what forward_decode launches
   int num_parts = 0;
   bool any_split = false;
   const md::Segment* segments = nullptr;
@@ -55,6 +57,7 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     PAGEDATTN_CHECK(config_.num_heads > 0, "config.num_heads", kName, " make_builder: num_heads = ",
                     config_.num_heads, " must be > 0");
     max_parts_ = std::max(1, config_.num_sms > 0 ? config_.num_sms : current_device_sm_count());
+    decode_kernel_ = md::resolve_decode_kernel(config_.num_heads, spec_.dtype);
     const int64_t s = std::max(1, config_.max_num_seqs);
     part_begin_offset_ = 0;
     segments_offset_ = align16((max_parts_ + 1) * sizeof(int32_t));
@@ -76,7 +79,7 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
 
   void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& /*common*/) override {
     auto& m = static_cast<CudaMlaMetadata&>(metadata);
-    const int rows = md::rows_per_cta(config_.num_heads);
+    const int rows = md::rows_per_cta(decode_kernel_);
     const int head_tiles = (config_.num_heads + rows - 1) / rows;
     const int parts = std::max(1, max_parts_ / head_tiles);
     const md::Plan plan = md::make_plan(m.decode.seq_lens, parts);
@@ -95,6 +98,7 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
                                             static_cast<cudaStream_t>(current_cuda_stream()));
     PAGEDATTN_CHECK(err == cudaSuccess, "common", kName, " plan upload: ", cudaGetErrorString(err));
     auto* base = static_cast<uint8_t*>(plan_.data());
+    m.decode_kernel = decode_kernel_;
     m.num_parts = plan.num_parts;
     m.any_split = plan.any_split;
     m.part_begin = reinterpret_cast<const int32_t*>(base + part_begin_offset_);
@@ -108,6 +112,7 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
  private:
   static size_t align16(size_t x) { return (x + 15) / 16 * 16; }
   int max_parts_ = 1;
+  md::DecodeKernel decode_kernel_ = md::DecodeKernel::mma_16_rows;  // chosen once, at construction
   size_t part_begin_offset_ = 0, segments_offset_ = 0, splits_offset_ = 0;
   Tensor plan_, partial_out_, partial_lse_;
   std::vector<uint8_t> staging_;
@@ -208,7 +213,8 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
     const float k_scale = is_fp8(cache_dtype_) ? scales.k_scale : 1.f;
     p.scale_log2 = params_.scale * k_scale * 1.4426950408889634f;
     p.out_scale = k_scale;
-    md::launch_decode(p, params_.dtype, cache_dtype_, m->num_parts, m->any_split, current_cuda_stream());
+    md::launch_decode(p, params_.dtype, cache_dtype_, m->decode_kernel, m->num_parts, m->any_split,
+                      current_cuda_stream());
   }
 
  private:

@@ -549,20 +549,30 @@ template <bool kFp8>
 using Cfg16 = Cfg<2, 1, 1, 64, 2, kFp8>;
 template <bool kFp8>
 using Cfg64 = Cfg<1, 2, 2, 64, 2, kFp8>;
+static_assert(Cfg16<false>::kRows == rows_per_cta(DecodeKernel::mma_16_rows) &&
+              Cfg64<false>::kRows == rows_per_cta(DecodeKernel::mma_64_rows));
 
 template <typename T>
-void launch_typed(const DecodeParams& params, DType cache_dtype, int num_parts, bool any_split, cudaStream_t stream) {
+void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel kernel, int num_parts, bool any_split,
+                  cudaStream_t stream) {
   const bool fp8 = is_fp8(cache_dtype);
   const int fmt = cache_dtype == DType::fp8_e4m3 ? 1 : cache_dtype == DType::fp8_e5m2 ? 2 : 0;
   constexpr DType act = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
-  if (wgmma_decode_covers(params.num_heads, act, cache_dtype)) {
-    launch_decode_wgmma(params, act, num_parts, stream);  // H >= 64, 16-bit cache, sm_90a
-  } else if (rows_per_cta(params.num_heads) == 16) {
-    fp8 ? launch_variant<Cfg16<true>, T, true>(params, num_parts, fmt, stream)
-        : launch_variant<Cfg16<false>, T, false>(params, num_parts, fmt, stream);
-  } else {
-    fp8 ? launch_variant<Cfg64<true>, T, true>(params, num_parts, fmt, stream)
-        : launch_variant<Cfg64<false>, T, false>(params, num_parts, fmt, stream);
+  switch (kernel) {
+    case DecodeKernel::wgmma:
+      PAGEDATTN_CHECK(cache_dtype == act, "kv_cache", "CUDA_MLA decode: the plan runs the wgmma kernel, which "
+                      "reads 16-bit caches of the activation dtype ", dtype_name(act), ", but the cache holds ",
+                      dtype_name(cache_dtype), ": build the plan with the layer's KV cache spec");
+      launch_decode_wgmma(params, act, num_parts, stream);
+      break;
+    case DecodeKernel::mma_16_rows:
+      fp8 ? launch_variant<Cfg16<true>, T, true>(params, num_parts, fmt, stream)
+          : launch_variant<Cfg16<false>, T, false>(params, num_parts, fmt, stream);
+      break;
+    case DecodeKernel::mma_64_rows:
+      fp8 ? launch_variant<Cfg64<true>, T, true>(params, num_parts, fmt, stream)
+          : launch_variant<Cfg64<false>, T, false>(params, num_parts, fmt, stream);
+      break;
   }
   if (any_split) {
     const dim3 grid(static_cast<unsigned>(params.num_requests), static_cast<unsigned>((params.num_heads + 7) / 8));
@@ -573,16 +583,12 @@ void launch_typed(const DecodeParams& params, DType cache_dtype, int num_parts, 
 
 }  // namespace
 
-int rows_per_cta(int num_heads) { return num_heads <= 32 ? 16 : 64; }
-
-int decode_smem_bytes(int num_heads, bool fp8) {
-  if (!fp8 && wgmma_decode_covers(num_heads, DType::bf16, DType::bf16)) return wgmma_decode_smem_bytes();
-  if (rows_per_cta(num_heads) == 16) return fp8 ? Cfg16<true>::kSmem : Cfg16<false>::kSmem;
-  return fp8 ? Cfg64<true>::kSmem : Cfg64<false>::kSmem;
+DecodeKernel resolve_decode_kernel(int num_heads, DType cache_dtype) {
+  return select_decode_kernel(kernel_override().mla, num_heads, cache_dtype, wgmma_decode_available());
 }
 
-void launch_decode(const DecodeParams& params, DType activation, DType cache_dtype, int num_parts, bool any_split,
-                   void* stream) {
+void launch_decode(const DecodeParams& params, DType activation, DType cache_dtype, DecodeKernel kernel, int num_parts,
+                   bool any_split, void* stream) {
   if (num_parts <= 0 || params.num_requests <= 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
   PAGEDATTN_CHECK(activation == DType::bf16 || activation == DType::f16, "dtype", "CUDA_MLA decode: activation dtype ",
@@ -590,9 +596,9 @@ void launch_decode(const DecodeParams& params, DType activation, DType cache_dty
   PAGEDATTN_CHECK(is_fp8(cache_dtype) || cache_dtype == activation, "kv_cache", "CUDA_MLA decode: cache dtype ",
                   dtype_name(cache_dtype), " must be the activation dtype ", dtype_name(activation), " or fp8");
   if (activation == DType::bf16) {
-    launch_typed<__nv_bfloat16>(params, cache_dtype, num_parts, any_split, s);
+    launch_typed<__nv_bfloat16>(params, cache_dtype, kernel, num_parts, any_split, s);
   } else {
-    launch_typed<__half>(params, cache_dtype, num_parts, any_split, s);
+    launch_typed<__half>(params, cache_dtype, kernel, num_parts, any_split, s);
   }
 }
 

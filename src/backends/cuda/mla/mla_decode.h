@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "backends/cuda/common/kernel_override.h"
 #include "pagedattn/dtype.h"
 
 namespace pagedattn::cuda::mla_decode {
@@ -49,8 +50,26 @@ inline int64_t max_partial_slots(int64_t max_parts) { return 2 * max_parts; }
 // seq_lens (num_requests,) >= 0; num_parts >= 1.
 Plan make_plan(std::span<const int32_t> seq_lens, int num_parts);
 
-// Rows (query heads) of one CTA for a head count: 16 up to 32 heads, else 64.
-int rows_per_cta(int num_heads);
+// The decode kernel of a plan, chosen once by the builder (mla_cuda_backend.cpp) and run by the
+// launch as named:
+//   mma_16_rows  the mma.sync kernel (mla_decode.cu), 16 query heads a CTA: <= 32 heads (the
+//                memory-bound head counts);
+//   mma_64_rows  the mma.sync kernel, 64 heads a CTA: > 32 heads with an fp8 cache, without the
+//                sm_90a image, or under the override mla=mma;
+//   wgmma        the Hopper wgmma kernel (mla_decode_wgmma.cu), 64 heads a CTA: >= 64 heads (the
+//                compute-bound head counts), a 16-bit cache of the activation dtype, sm_90a.
+enum class DecodeKernel : int32_t { mma_16_rows, mma_64_rows, wgmma };
+
+// Rows (query heads) of one CTA of `kernel`.
+constexpr int rows_per_cta(DecodeKernel kernel) { return kernel == DecodeKernel::mma_16_rows ? 16 : 64; }
+
+// The kernel for num_heads heads and the cache's storage dtype (pure). wgmma_image: the device
+// loads the wgmma kernel's sm_90a image (wgmma_decode_available()).
+DecodeKernel select_decode_kernel(MlaDecodeKernelChoice choice, int num_heads, DType cache_dtype, bool wgmma_image);
+
+// select_decode_kernel under kernel_override() on the current device: what a builder stores in its
+// plans (tests and benchmarks that launch without a builder call it too).
+DecodeKernel resolve_decode_kernel(int num_heads, DType cache_dtype);
 
 struct DecodeParams {
   const void* q;              // (B, H, 576):(q_token_stride, q_head_stride, 1)
@@ -76,12 +95,10 @@ struct DecodeParams {
   float out_scale;            // k_scale for fp8 caches, else 1
 };
 
-// cache_dtype: f16/bf16 (must equal activation) or fp8_e4m3/e5m2. Enqueues the decode kernel
-// (num_parts * head tiles CTAs) and, when any_split, the combine kernel.
-void launch_decode(const DecodeParams& params, DType activation, DType cache_dtype, int num_parts,
-                   bool any_split, void* stream);
-
-// Dynamic shared memory of the kernel variant used for num_heads (for reports).
-int decode_smem_bytes(int num_heads, bool fp8);
+// cache_dtype: f16/bf16 (must equal activation) or fp8_e4m3/e5m2. Enqueues `kernel` (num_parts *
+// head tiles CTAs) and, when any_split, the combine kernel; Error when `kernel` cannot run this
+// cache (wgmma: 16-bit caches only).
+void launch_decode(const DecodeParams& params, DType activation, DType cache_dtype, DecodeKernel kernel,
+                   int num_parts, bool any_split, void* stream);
 
 }  // namespace pagedattn::cuda::mla_decode

@@ -1,4 +1,5 @@
-// Host planning of the CUDA_MLA decode (mla_decode.h): the balanced split-KV partition.
+// Host planning of the CUDA_MLA decode (mla_decode.h): the decode kernel and the balanced split-KV
+// partition.
 //
 // Cost of a segment = its 64-key tiles + kSegmentOverhead (Q load, pipeline fill, epilogue,
 // in tile units). The requests' tiles are laid end to end; part p receives about
@@ -14,6 +15,14 @@
 namespace pagedattn::cuda::mla_decode {
 namespace {
 constexpr int64_t kSegmentOverhead = 2;
+}
+
+DecodeKernel select_decode_kernel(MlaDecodeKernelChoice choice, int num_heads, DType cache_dtype, bool wgmma_image) {
+  const bool sixteen_bit = cache_dtype == DType::bf16 || cache_dtype == DType::f16;
+  if (num_heads >= 64 && sixteen_bit && wgmma_image && choice == MlaDecodeKernelChoice::automatic) {
+    return DecodeKernel::wgmma;
+  }
+  return num_heads <= 32 ? DecodeKernel::mma_16_rows : DecodeKernel::mma_64_rows;
 }
 
 Plan make_plan(std::span<const int32_t> seq_lens, int num_parts) {

@@ -52,10 +52,7 @@
 //
 // Needs sm_90a (wgmma). Built for another target the kernel body is a trap with a static
 // shared-memory marker, and wgmma_decode_available() (which reads the marker through
-// cudaFuncGetAttributes) sends every launch to the mma.sync kernel instead.
-#include <type_traits>
-#include <string_view>
-#include <cstdlib>
+// cudaFuncGetAttributes) makes the builders choose the mma.sync kernel instead.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -82,7 +79,7 @@ constexpr int kCopyRows = 128 / 8;                      // rows a pass of WG1's 
 constexpr int kCopyPasses = kKeys / kCopyRows;          // 4
 // Q, 2 stages, P, alpha (64), the epilogue's row sums and maxima (2 x 64).
 constexpr int kSmem = 3 * kTileBytes + kPBytes + 3 * kRows * 4;
-static_assert(kKeys == 64 && kRows == 64 && kLatent % 64 == 0);
+static_assert(kKeys == 64 && kRows == 64 && kRows == rows_per_cta(DecodeKernel::wgmma) && kLatent % 64 == 0);
 static_assert(kSmem <= 232448, "shared memory over the sm_90 limit");
 
 // Named barriers (0 is __syncthreads), 256 threads each.
@@ -352,7 +349,23 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   __trap();
 #endif
 }
-// Whether the sm_90a image of the kernel is the one the current device loads (per device, once).
+
+// Raises the kernel's shared-memory limit on the current device (once per device).
+void configure_wgmma_decode() {
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((configured.load() & bit) != 0) return;
+  for (auto* kernel : {mla_decode_wgmma_kernel<__nv_bfloat16>, mla_decode_wgmma_kernel<__half>}) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    check_launch("cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
+  }
+  configured.fetch_or(bit);
+}
+
+}  // namespace
+
 bool wgmma_decode_available() {
   static std::atomic<uint64_t> known{0}, available{0};
   int device = 0;
@@ -362,38 +375,14 @@ bool wgmma_decode_available() {
     cudaFuncAttributes attributes{};
     const bool ok = cudaFuncGetAttributes(&attributes, mla_decode_wgmma_kernel<__nv_bfloat16>) == cudaSuccess;
     if (!ok) (void)cudaGetLastError();
-    if (ok && attributes.sharedSizeBytes == 0) {
-      for (auto* kernel : {mla_decode_wgmma_kernel<__nv_bfloat16>, mla_decode_wgmma_kernel<__half>}) {
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-        check_launch("cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
-      }
-      available.fetch_or(bit);
-    }
+    if (ok && attributes.sharedSizeBytes == 0) available.fetch_or(bit);
     known.fetch_or(bit);
   }
   return (available.load() & bit) != 0;
 }
 
-}  // namespace
-
-bool wgmma_decode_forced_off() {
-  const char* env = std::getenv("PAGEDATTN_MLA_DECODE_KERNEL");
-  if (env == nullptr || *env == '\0' || std::string_view(env) == "auto") return false;
-  PAGEDATTN_CHECK(std::string_view(env) == "mma", "PAGEDATTN_MLA_DECODE_KERNEL",
-                  "PAGEDATTN_MLA_DECODE_KERNEL = \"", env,
-                  "\" is not a decode kernel choice: expected auto (wgmma for >= 64 heads on sm_90a) or mma "
-                  "(the mma.sync kernel for every head count)");
-  return true;
-}
-
-bool wgmma_decode_covers(int num_heads, DType activation, DType cache_dtype) {
-  return num_heads >= 64 && (activation == DType::bf16 || activation == DType::f16) && cache_dtype == activation &&
-         !wgmma_decode_forced_off() && wgmma_decode_available();
-}
-
-int wgmma_decode_smem_bytes() { return kSmem; }
-
 void launch_decode_wgmma(const DecodeParams& params, DType activation, int num_parts, void* stream) {
+  configure_wgmma_decode();
   const int head_tiles = (params.num_heads + kRows - 1) / kRows;
   const auto s = static_cast<cudaStream_t>(stream);
   if (activation == DType::bf16) {

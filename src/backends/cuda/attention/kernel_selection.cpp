@@ -1,0 +1,31 @@
+// Choice of the CUDA attention kernel of a layer's plans (kernel_selection.h). Pure C++: compiled
+// in every build.
+#include "backends/cuda/attention/kernel_selection.h"
+
+namespace pagedattn::cuda {
+
+const char* attention_kernel_name(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::mma: return "mma";
+    case AttentionKernel::wgmma: return "wgmma";
+    case AttentionKernel::ws: return "ws";
+    case AttentionKernel::decode: return "decode";
+  }
+  return "unknown";
+}
+
+AttentionKernel select_attention_kernel(PrefillKernelChoice choice, int head_size, int head_size_v, bool fp8_kv,
+                                        bool wgmma_image, bool ws_strides_ok) {
+  // The wgmma paths have no fp8 conversion and no narrow-row copies.
+  const bool hopper_paths = !fp8_kv && head_size == head_size_v && wgmma_image;
+  if (hopper_paths && ws_kernel_head_size(head_size) && ws_strides_ok &&
+      (choice == PrefillKernelChoice::automatic || choice == PrefillKernelChoice::ws)) {
+    return AttentionKernel::ws;
+  }
+  if (hopper_paths && wgmma_prefill_head_size(head_size) && choice != PrefillKernelChoice::mma) {
+    return AttentionKernel::wgmma;
+  }
+  return AttentionKernel::mma;
+}
+
+}  // namespace pagedattn::cuda
