@@ -161,6 +161,15 @@ void run_all(const char* override_spec, const std::vector<int>& head_sizes, uint
   std::cout << "[ variants ] " << run << " cases run\n";
 }
 
+// The kernel the CUDA builder stores in the plan of case c's step (inputs drawn from seed 11).
+AttentionKernel planned_kernel(const ConformanceCase& c) {
+  const conformance::CaseInputs inputs = conformance::make_inputs(c, 11);
+  const conformance::PreparedRun run = conformance::prepare_run(cuda_backend(), Device::cuda, inputs);
+  const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(run.step_metadata.get());
+  EXPECT_NE(md, nullptr) << "not a CUDA plan: " << c.describe();
+  return md != nullptr ? md->kernel : AttentionKernel::mma;
+}
+
 bool device_is_sm90() {
   int device = 0;
   cudaDeviceProp prop{};
@@ -191,11 +200,7 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
     c.num_heads = 8;
     c.num_kv_heads = 2;
     c.batch = {{40, 100}};
-    const conformance::CaseInputs inputs = conformance::make_inputs(c, 5);
-    const conformance::PreparedRun run = conformance::prepare_run(cuda_backend(), Device::cuda, inputs);
-    const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(run.step_metadata.get());
-    EXPECT_NE(md, nullptr);
-    return md != nullptr ? md->kernel : AttentionKernel::decode;
+    return planned_kernel(c);
   };
   {
     const OverrideGuard guard("");
@@ -340,11 +345,7 @@ TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
     c.num_heads = 4 * num_kv_heads;
     c.num_kv_heads = num_kv_heads;
     c.batch = std::move(batch);
-    const conformance::CaseInputs inputs = conformance::make_inputs(c, 11);
-    const conformance::PreparedRun run = conformance::prepare_run(cuda_backend(), Device::cuda, inputs);
-    const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(run.step_metadata.get());
-    EXPECT_NE(md, nullptr);
-    return md != nullptr && md->kernel == AttentionKernel::decode;
+    return planned_kernel(c) == AttentionKernel::decode;
   };
   EXPECT_TRUE(plan_uses_decode_kernel(128, decodes));
   // Head size 128 on sm_90a runs the warp-specialized kernel, which keeps the larger decode batches

@@ -90,7 +90,8 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   // then runs that kernel, which computes any later plan too, only prefill items more slowly).
   // Under auto, where the layer's plans run the warp-specialized kernel, only the smaller batches
   // of decodes (<= 32 64-key tiles per SM) take the decode-only kernel: the warp-specialized
-  // kernel streams larger ones faster, smaller ones slower (docs/perf/cuda.md, 2026-11-26).
+  // kernel streams larger ones faster, smaller ones slower (docs/perf/cuda.md, warp-specialized
+  // kernel).
   planner_.decode_resident_ctas = choice.decode != DecodeKernelChoice::unified ? decode_resident_ctas_ : 0;
   planner_.decode_kernel_max_tiles = kernel_ == AttentionKernel::ws && choice.decode == DecodeKernelChoice::automatic
                                          ? int64_t{32} * resident_ctas_

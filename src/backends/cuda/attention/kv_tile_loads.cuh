@@ -49,9 +49,9 @@ __device__ __forceinline__ KVRowOffsets kv_row_offsets(const AttentionKernelPara
 // row and instruction); rows tid / kThreadsPerRow + i * kRowStep. Each thread owns
 // kRowsPerThread rows of every tile, and each row costs a page lookup and its address arithmetic:
 // 128-byte rows (fp8 at D = 128, 16-bit at D = 64) take 4 threads a row and 2 rows a thread (8
-// threads and 4 rows: fp8 decode 10-15% slower, the d 64 mixed batch 10%; H200, 2026-11-24);
-// 256-byte rows keep 8 threads (4 threads, i.e. half lines per instruction: bf16 decode at d 128
-// 5-10% slower).
+// threads and 4 rows ran fp8 decode and the d 64 mixed batch slower); 256-byte rows keep 8
+// threads (4 threads, i.e. half lines per instruction, ran bf16 decode at d 128 slower). Figures:
+// docs/perf/cuda.md.
 template <class Tr, bool kFp8>
 struct TileCopy {
   static constexpr int kChunks = kFp8 ? Tr::kRawChunks : Tr::kChunks;

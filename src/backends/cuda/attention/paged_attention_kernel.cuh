@@ -14,6 +14,9 @@
 // choice, stored in the plan (kernel_selection.h); each computes every plan.
 // Shared memory: the larger of the two paths' (the decode path's stages, the prefill path's Q
 // rows and stages), 1024-byte aligned for the wgmma path's 128-byte swizzle.
+// Memory traffic: each item's, as its path states (each KV byte of its range once per GQA group
+// for decode items, once per item for prefill items); Q and O once; the plan and its counts once
+// per item.
 #pragma once
 
 #include "backends/cuda/attention/decode_path.cuh"

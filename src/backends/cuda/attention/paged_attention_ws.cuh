@@ -15,10 +15,10 @@
 //            items: a consumer releases the Q buffer as soon as its last S of the item is done,
 //            so the next item's Q and first tiles are in flight while the last P . V products run.
 //            The usual cache (paged, power-of-two pages, K and V with the same strides) takes a
-//            branch-free copy path: ~263 instructions a warp and tile instead of ~480 (ncu), which
-//            lifted one SM's decode stream from ~37 to ~51 GB/s (the producer's issue rate, not
-//            the memory, was the limit: a bare cp.async ring streams 137 GB/s an SM,
-//            bench/sm_stream_probe.cu).
+//            branch-free copy path of about half the instructions, which lifted one SM's decode
+//            stream by over a third (the producer's issue rate, not the memory, was the limit: a bare
+//            cp.async ring streams several times faster, bench/sm_stream_probe.cu; figures in
+//            docs/perf/cuda.md).
 //   consumers (warpgroups 1 and 2, 232 / 224 registers): each owns 64 of the item's 128 packed rows
 //            (the wgmma M) and sees every key tile; a consumer whose rows see none of a tile's
 //            keys (causal tails) only waits for and releases the stage; a warp without live rows
@@ -47,10 +47,9 @@
 // Memory traffic and floor: each K/V byte of an item's key range once per item (the GQA group
 // packed into the rows, so once per group for decodes), Q and O once; floor = max(KV bytes / copy
 // bandwidth, 4 * rows * visible keys * D / MMA rate). A decode item wastes MMA rows (4 live of
-// 64) but its tile time is the copy's, about 2 us per 64 KB tile at a 132nd of 4.2 TB/s, against
-// ~1 us of MMA + softmax: still copy-bound. Measured (H200, docs/perf/cuda.md 2026-11-26): decode
-// b128x4k 4.35 TB/s (the copy floor), prefill 4 x 4k causal 436 TFLOP/s (56% of cuBLAS), the
-// mixed batch 0.183 ms.
+// 64) but its tile time is the copy's (a 64 KB tile at an SM's share of the memory bandwidth
+// takes about twice the tile's MMA + softmax): still copy-bound. Measured: docs/perf/cuda.md
+// (the warp-specialized kernel).
 //
 // Precision points: as the other paths (f32 logits, softmax state and O; P rounded to the
 // activation type for P . V, the row sums from the f32 P; output rounded once).
@@ -128,7 +127,8 @@ struct RingPos {
 // Producer: copies of one item's query rows (zero rows past the item) into a Q buffer. A thread
 // takes rows pt / 8 + 16 i and their chunks pt % 8 + 8 k, so each row's token and head (integer
 // divisions by the group size) are computed once per row, not per 16-byte chunk as in the wgmma
-// path's load_q_swizzled (which, reused here, cost 5% of prefill and 3% of the mixed batch).
+// path's load_q_swizzled (which, reused here, slowed prefill and the mixed batch:
+// docs/perf/cuda.md).
 template <int D, typename T>
 __device__ __forceinline__ void ws_load_q(const AttentionKernelParams& p, const ItemContext& ctx, char* q_smem,
                                           int pt) {
@@ -155,8 +155,9 @@ __device__ __forceinline__ void ws_load_q(const AttentionKernelParams& p, const 
 // 64-bit multiply-add per K and V, the destination an immediate offset (row i is 2 KB further;
 // rows pt / 8 + 16 i share a swizzle).
 // The page ids of a tile are read two tiles ahead and checked only when copied, so the block-table
-// load (about a DRAM latency when the copies saturate the memory) never stalls the producer: with
-// the load consumed one tile after it was issued, the producer's tile rate fell to ~27 GB/s an SM.
+// load (about a DRAM latency when the copies saturate the memory) never stalls the producer (with
+// the load consumed one tile after it was issued, the producer's tile rate fell by half:
+// docs/perf/cuda.md).
 // Invalid rows (outside the item's range, ids outside the cache) copy zeros from a row of page 0.
 template <int D>
 struct WsKvCopier {
@@ -367,8 +368,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     // P . V in order), so the producer keeps the other stages in flight; the pipelined order
     // below holds stage t until tile t + 1 has landed (S_{t+1} is issued with P_t . V_t).
     // The two consumers take alternate tiles: with the fast copy path one consumer's chain of S,
-    // softmax and P . V per tile was the next limit of an SM's decode stream (b64x2k on 33 SMs:
-    // 1.34 -> 1.70 TB/s with both), which sets how much a mixed batch can overlap.
+    // softmax and P . V per tile was the next limit of an SM's decode stream (docs/perf/cuda.md),
+    // which sets how much a mixed batch can overlap.
     const int own_last = active - 1 - ((active - 1 - wg) & 1);  // < 0: no tile of this consumer
     if (own_last < 0 && active > 0) mbar::arrive(bars.q_empty(qb));  // (active == 0: below)
 #pragma unroll 1
@@ -558,8 +559,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
 // blockIdx.x + k * gridDim.x), n counting them. Odd CTAs walk their list backwards: the plan puts
 // the costliest items first (attention planner), so in a mixed batch half the SMs start on the
 // MMA-bound prefill items while the other half streams decodes, and the two halves swap, instead
-// of every SM prefilling, then every SM decoding against the memory bound (mixed 64 decodes at 2k
-// + 2 chunks of 512: 0.199 -> 0.183 ms, docs/perf/cuda.md). Each CTA's items are the same either way.
+// of every SM prefilling, then every SM decoding against the memory bound (the mixed batch gained:
+// docs/perf/cuda.md). Each CTA's items are the same either way.
 template <class F>
 __device__ __forceinline__ void ws_for_each_item(const AttentionKernelParams& p, F&& f) {
   const int num_items = p.header->num_work_items;

@@ -1,13 +1,14 @@
 // The decode-only kernel, for plans whose items are all decode-path items (the builder's choice,
-// attention_plan.h): the decode path of decode_path.cuh with a 2-stage pipeline and no prefill
+// kernel_selection.h): it computes what decode_path.cuh states, with its traffic (each KV byte
+// once per GQA group), running the decode path with a 2-stage pipeline and no prefill
 // path, so the registers (<= 168) and the shared memory (D = 128: 74 KB) let 3 CTAs share an SM
 // instead of 2. It still computes any plan exactly (prefill-path items in 16-row slices), so a
 // graph captured with it replays any plan.
 // A decode item's math is latency-bound (one 16-row MMA chain per warp per tile), so it is the
 // number of independent CTAs per SM, not the pipeline depth, that hides it behind the copies
-// (bench/kv_access_probe.cu measured both: 3-stage CTAs x 2 lose 20-25% of their copy rate to a
-// decode tile's worth of math, 2-stage CTAs x 3 about 5%). Head sizes <= 128 (beyond, the o
-// accumulators alone would need 128 registers).
+// (bench/kv_access_probe.cu measured both: 3 CTAs of 2 stages keep most of their copy rate under a
+// decode tile's worth of math, 2 CTAs of 3 stages lose several times more; docs/perf/cuda.md).
+// Head sizes <= 128 (beyond, the o accumulators alone would need 128 registers).
 #pragma once
 
 #include "backends/cuda/attention/decode_path.cuh"

@@ -11,8 +11,8 @@
 // zero-filled outside the item's range; the page lookups of a tile are read one tile ahead, with a
 // shift for power-of-two block sizes), 2 stages. One barrier a tile: after it (tile landed, every
 // warp done with tile - 1) S_0 is issued first and the copies of tile + 1 into the stage of
-// tile - 1 go out while the tensor core runs it (+3% over refilling before the barrier, which
-// needed a second barrier: 4 x 4k causal 340 vs 331 TFLOP/s, same run).
+// tile - 1 go out while the tensor core runs it (faster than refilling before the barrier, which
+// needs a second barrier: docs/perf/cuda.md).
 // Per tile and per 64-row block h (blocks whose rows see none of the tile's keys are skipped):
 //   S_h (64 x 64, f32 registers) = Q_h . K^T: wgmma m64n64k16, D/16 steps, both operands from
 //        shared memory (K-major);
@@ -24,8 +24,8 @@
 //        accumulators rounded to the activation type ARE the A fragments) and V from shared
 //        memory read N-major (transpose flag), 4 steps; left in flight under S_{h+1}.
 // Overlap: across CTAs only, 2 CTAs per SM (D <= 128): one CTA's softmax and copies run under the
-// other's MMAs. (An in-CTA schedule with S_1 issued before the softmax of S_0 needed a second S
-// and P register set, spilled at 255 registers and ran slower: 235 vs 277 TFLOP/s, 2026-11-22.)
+// other's MMAs. (An in-CTA schedule with S_1 issued before the softmax of S_0 needs a second S
+// and P register set, spills at 255 registers and ran slower: docs/perf/cuda.md.)
 // Shared layout (1024-byte aligned): Q (H blocks of 64 rows x D), then 2 stages of [K tile, V
 // tile] (64 keys x D each). Every 64-row tile is stored as D/64 column blocks of 64 rows x 128
 // bytes, the 16-byte chunks of row r XOR-swizzled by (r & 7): the wgmma 128-byte swizzle.
@@ -35,11 +35,11 @@
 //
 // Memory traffic and floor: per item each K/V byte of its key range once from L2 (items of one
 // request and kv head share it: about 128 FLOP per L2 byte at D = 128, so the L2 is not the
-// limit up to the MMA rate); floor = 4 * rows * visible keys * D / MMA rate (bf16 ~780 TFLOP/s
-// measured on the H200, dense). Shared memory per tile and CTA (D = 128): 32 KB of copies, 64 KB
+// limit up to the MMA rate); floor = 4 * rows * visible keys * D / MMA rate (the dense bf16 GEMM
+// rate). Shared memory per tile and CTA (D = 128): 32 KB of copies, 64 KB
 // read by S (SS, n = 64), 32 KB by P . V: 128 KB per 4.2 MFLOP, the 128 B/clock of an SM at the
 // MMA peak.
-// Measured and predicted: see docs/perf/cuda.md (2026-11-22, wgmma prefill).
+// Measured and predicted: docs/perf/cuda.md (the wgmma prefill path).
 //
 // Precision points: as the mma.sync path (f32 logits, softmax state and O; P rounded to the
 // activation type for P . V, the row sums from the f32 P; output rounded once).

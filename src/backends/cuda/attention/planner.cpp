@@ -228,8 +228,7 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
   if (plan.decode_kernel && config.allow_split) {
     ideal = choose_decode_chunk(config, base, config.decode_resident_ctas);
     // Chunks this short are mostly pipeline fill: the unified kernel's deeper pipeline runs them
-    // faster (one 8k request: 3-tile chunks on the decode-only kernel 1.22 TB/s, 4-tile chunks
-    // on the unified kernel 1.31).
+    // faster (one 8k request: docs/perf/cuda.md, decode-only kernel).
     if (ideal > 0 && ideal < kMinDecodeKernelChunk && !config.force_decode_kernel) {
       plan.decode_kernel = false;
       ideal = 0;

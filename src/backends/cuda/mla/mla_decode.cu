@@ -31,11 +31,11 @@
 // Memory traffic and floor. Each latent byte of a request is read once per head tile (H <= 16
 // and H = 64: once; H = 128: twice, the two head tiles of a part are adjacent CTAs and mostly
 // share it through L2), Q and O once. Floor: B * seq * 576 * elem / copy bandwidth (16 heads: 30
-// FLOP per byte, memory-bound), or 2 * H * seq * (576 + 512) FLOPs / MMA rate (128 heads: 242 FLOP per
-// byte, above the H200's ~185 ridge).
+// FLOP per byte, memory-bound), or 2 * H * seq * (576 + 512) FLOPs / MMA rate (128 heads: 242 FLOP
+// per byte, above Hopper's ridge point).
 // The mma.sync operands are read from shared memory by ldmatrix; at 64 rows a tile reads about
 // 570 KB of shared memory per 8.9 MFLOP, which bounds this kernel near half the wgmma rate
-// (measured: 16 heads 3.66 TB/s at batch 128 x 4k; 128 heads 265 TFLOP/s: docs/perf/mla.md).
+// (measured: docs/perf/mla.md).
 //
 // Precision points: logits, the softmax state and o accumulate in f32; P is rounded to the
 // activation type (f16/bf16) before the P.V MMA (the row sum uses the f32 P); exp2 via

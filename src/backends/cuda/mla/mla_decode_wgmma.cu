@@ -33,15 +33,13 @@
 //
 // Memory traffic and floor: per 64-key tile 73.7 KB of latent rows (the second head tile of
 // H = 128 is the adjacent CTA and mostly reads them from L2), 8.9 MFLOP: 242 FLOP per byte at
-// H = 128, so the floor is the tensor rate: 2 * H * seq * 1088 FLOP / ~790 TFLOP/s (H200: 0.186 ms
-// at batch 128 x 4k, 128 heads). Shared-memory reads per tile: S 36 x (2 KB Q + 2 KB K), the
-// tensor core's own rate for n = 64; P . V 8 x (2 KB P + 8 KB V).
+// H = 128, so the floor is the tensor rate: 2 * H * seq * 1088 FLOP / the dense GEMM rate.
+// Shared-memory reads per tile: S 36 x (2 KB Q + 2 KB K), the tensor core's own rate for n = 64;
+// P . V 8 x (2 KB P + 8 KB V).
 // Prediction: the tensor core is idle only while WG0 computes the softmax (~15% of a tile), so
-// ~60-70% of the tensor rate, ~500 TFLOP/s at 128 heads, batch 128 x 4k (the mma.sync kernel:
-// 265). Measured (H200, docs/perf/mla.md): 491 TFLOP/s (0.297 ms), 65% of the floor; ncu: DRAM
-// 2.25 TB/s (the latent read about once), SM throughput 53%. A first version with both
-// warpgroups computing S (n = 32 each: 1.5x the shared-memory reads of the tensor rate) and
-// every phase behind a CTA barrier ran at 388 TFLOP/s (0.376 ms).
+// ~60-70% of the tensor rate, about twice the mma.sync kernel's. Measured, with the profile and a
+// first version (both warpgroups computing S, n = 32 each: 1.5x the shared-memory reads of the
+// tensor rate, every phase behind a CTA barrier) that ran a fifth slower: docs/perf/mla.md.
 // racecheck reports the alpha hand-off (WG0 st.shared, bar.arrive; WG1 bar.sync, ld.shared, and
 // back through P_FREE) as hazards: it does not credit bar.arrive's release ordering (PTX memory
 // model: bar.arrive synchronizes with bar.sync on the same barrier); memcheck is clean.
