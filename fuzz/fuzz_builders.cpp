@@ -21,6 +21,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -188,8 +189,9 @@ void fuzz_standard(ByteReader& in, const char* backend) {
   AttentionLayerParams p;
   p.backend = backend;
   p.prefix = "fuzz.attn";
-  p.num_kv_heads = in.small(1, 2);
-  p.num_heads = p.num_kv_heads * in.small(1, 2);
+  const int kv_heads = in.small(1, 2);
+  p.num_kv_heads = kv_heads;
+  p.num_heads = kv_heads * in.small(1, 2);
   p.head_size = in.u8() < 0xF0 ? 16 * in.small(1, 2) : in.small(1, 40);
   const uint8_t hv = in.u8();
   p.head_size_v = hv < 0xC0 ? 0 : 16 * (hv % 3);
@@ -216,7 +218,7 @@ void fuzz_standard(ByteReader& in, const char* backend) {
   try {
     layer.emplace(p);
     const KVCacheSpec spec = cached ? layer->kv_cache_spec()
-                                    : KVCacheSpec::full_attention(p.block_size, p.num_kv_heads, p.head_size,
+                                    : KVCacheSpec::full_attention(p.block_size, kv_heads, p.head_size,
                                                                   p.dtype, p.head_size_v);
     builder = layer->backend().make_builder(
         spec, layer->builder_config(max_num_seqs, max_num_batched_tokens, 128), Device::cpu);
@@ -229,8 +231,8 @@ void fuzz_standard(ByteReader& in, const char* backend) {
   scales.v_scale = pick_scale(in);
   Tensor k_per_head, v_per_head;
   if (in.u8() >= 0xF0) {
-    k_per_head = Tensor(Shape{in.u8() >= 0xF0 ? 3 : p.num_kv_heads}, DType::f32);
-    v_per_head = Tensor(Shape{p.num_kv_heads}, DType::f32);
+    k_per_head = Tensor(Shape{in.u8() >= 0xF0 ? 3 : kv_heads}, DType::f32);
+    v_per_head = Tensor(Shape{kv_heads}, DType::f32);
     for (int64_t h = 0; h < k_per_head.numel(); ++h) k_per_head.data_as<float>()[h] = pick_scale(in);
     for (int64_t h = 0; h < v_per_head.numel(); ++h) v_per_head.data_as<float>()[h] = pick_scale(in);
     scales.k_scale_per_head = k_per_head.view();
@@ -261,8 +263,8 @@ void fuzz_standard(ByteReader& in, const char* backend) {
   const uint8_t rows_byte = in.u8();
   const int64_t rows = std::max<int64_t>(0, plan->num_actual_tokens + (rows_byte < 0xF0 ? rows_byte % 3 : -1));
   Tensor q(Shape{rows, p.num_heads, p.head_size}, p.dtype);
-  Tensor k(Shape{rows, p.num_kv_heads, p.head_size}, p.dtype);
-  Tensor v(Shape{rows, p.num_kv_heads, hv_size}, p.dtype);
+  Tensor k(Shape{rows, kv_heads, p.head_size}, p.dtype);
+  Tensor v(Shape{rows, kv_heads, hv_size}, p.dtype);
   fill(q, seed);
   fill(k, seed);
   fill(v, seed);
