@@ -84,11 +84,12 @@ LengthDistribution LengthDistribution::parse(std::string_view spec, std::string_
     if (!std::isfinite(std::log1p((d.stdev * d.stdev) / (d.mean * d.mean)))) {
       bad_spec(flag, spec, "has a standard deviation that is too large");
     }
-    if (parts.size() == 3 && 8 * d.mean > std::numeric_limits<int32_t>::max() / 4) {
-      bad_spec(flag, spec, "has a mean too large for the default MAX = 8 * MEAN");
+    if (parts.size() == 3 && 8 * d.mean > kMaxTokens) {
+      bad_spec(flag, spec, "has a mean too large for the default MAX = 8 * MEAN (above the limit of " +
+                               std::to_string(kMaxTokens) + " tokens): give MAX");
     }
     d.min = 1;
-    // Default MAX: 8 x the mean, capped at the length limit.
+    // Default MAX: 8 x the mean (within the length limit, checked above).
     d.max = parts.size() == 4 ? parse_length(parts[3], flag, spec)
                               : static_cast<int>(std::min<double>(std::ceil(8 * d.mean), kMaxTokens));
     if (d.max < d.mean) bad_spec(flag, spec, "has MAX below the mean");
