@@ -62,7 +62,7 @@ TEST(CudaKernelOverride, ProgrammaticOverrideWins) {
   }
 }
 
-// Which kernel runs the plans that are not decode-only: ws (16-bit, D = 64 / 128, equal head
+// Which kernel runs the plans that are not decode-only: ws (16-bit, D = 64 / 128 / 256, equal head
 // sizes, sm_90a image, strides that fit), else the wgmma path (D = 64 / 128 / 256), else mma.sync.
 TEST(CudaAttentionKernelSelection, ChoosesOncePerLayer) {
   const auto select = [](PrefillKernelChoice c, int d, int dv, bool fp8, bool image = true, bool fits = true) {
@@ -71,14 +71,16 @@ TEST(CudaAttentionKernelSelection, ChoosesOncePerLayer) {
   constexpr auto kAuto = PrefillKernelChoice::automatic;
   EXPECT_EQ(select(kAuto, 128, 128, false), AttentionKernel::ws);
   EXPECT_EQ(select(kAuto, 64, 64, false), AttentionKernel::ws);
-  EXPECT_EQ(select(kAuto, 256, 256, false), AttentionKernel::wgmma);
+  EXPECT_EQ(select(kAuto, 256, 256, false), AttentionKernel::ws);
+  EXPECT_EQ(select(kAuto, 256, 256, false, true, false), AttentionKernel::wgmma);  // strides over 32 bits
   for (int d : {80, 96, 192}) EXPECT_EQ(select(kAuto, d, d, false), AttentionKernel::mma) << d;
   EXPECT_EQ(select(kAuto, 128, 128, true), AttentionKernel::mma);           // fp8 cache
   EXPECT_EQ(select(kAuto, 128, 64, false), AttentionKernel::mma);           // head_size_v != head_size
   EXPECT_EQ(select(kAuto, 128, 128, false, false), AttentionKernel::mma);   // no sm_90a image
   EXPECT_EQ(select(kAuto, 128, 128, false, true, false), AttentionKernel::wgmma);  // strides over 32 bits
   EXPECT_EQ(select(PrefillKernelChoice::ws, 128, 128, false), AttentionKernel::ws);
-  EXPECT_EQ(select(PrefillKernelChoice::ws, 256, 256, false), AttentionKernel::wgmma);
+  EXPECT_EQ(select(PrefillKernelChoice::ws, 256, 256, false), AttentionKernel::ws);
+  EXPECT_EQ(select(PrefillKernelChoice::wgmma, 256, 256, false), AttentionKernel::wgmma);
   EXPECT_EQ(select(PrefillKernelChoice::wgmma, 128, 128, false), AttentionKernel::wgmma);
   EXPECT_EQ(select(PrefillKernelChoice::wgmma, 96, 96, false), AttentionKernel::mma);
   EXPECT_EQ(select(PrefillKernelChoice::mma, 128, 128, false), AttentionKernel::mma);

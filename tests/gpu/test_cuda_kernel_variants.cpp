@@ -184,8 +184,8 @@ TEST(CudaKernelVariants, WgmmaImageLoadsOnHopper) {
 }
 
 // The kernel a builder stores in its (prefill) plans, chosen once from the layer, the cache, the
-// device and the override: under auto 16-bit head sizes 64 and 128 take the warp-specialized kernel
-// (1 CTA of 384 threads per SM), 256 the wgmma path, fp8 caches and head_size_v != head_size
+// device and the override: under auto 16-bit head sizes 64, 128 and 256 take the warp-specialized kernel
+// (1 CTA of 384 threads per SM), fp8 caches and head_size_v != head_size
 // mma.sync (2 CTAs per SM at head sizes <= 128); under prefill=wgmma no plan takes ws; under
 // prefill=mma every plan runs mma.sync.
 TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
@@ -206,7 +206,7 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
     const OverrideGuard guard("");
     EXPECT_EQ(plan_kernel(128, DType::bf16, "auto"), AttentionKernel::ws);
     EXPECT_EQ(plan_kernel(64, DType::f16, "auto"), AttentionKernel::ws);
-    EXPECT_EQ(plan_kernel(256, DType::bf16, "auto"), AttentionKernel::wgmma);
+    EXPECT_EQ(plan_kernel(256, DType::bf16, "auto"), AttentionKernel::ws);
     EXPECT_EQ(plan_kernel(96, DType::bf16, "auto"), AttentionKernel::mma);
     EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e4m3"), AttentionKernel::mma);
     EXPECT_EQ(plan_kernel(128, DType::bf16, "auto", 64), AttentionKernel::mma);
@@ -221,6 +221,7 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
   }
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::ws).ctas_per_sm, 1);
   EXPECT_EQ(cuda::attention_kernel_info(64, DType::f16, false, AttentionKernel::ws).ctas_per_sm, 1);
+  EXPECT_EQ(cuda::attention_kernel_info(256, DType::bf16, false, AttentionKernel::ws).ctas_per_sm, 1);
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::wgmma).ctas_per_sm, 2);
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true, AttentionKernel::mma).ctas_per_sm, 2);
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::decode).ctas_per_sm, 3);
@@ -237,7 +238,7 @@ TEST(CudaKernelVariants, WgmmaPrefillMatchesReference) {
 
 TEST(CudaKernelVariants, WarpSpecializedMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
-  run_all("prefill=ws", {64, 128}, 0x5E11);
+  run_all("prefill=ws", {64, 128, 256}, 0x5E11);
 }
 
 TEST(CudaKernelVariants, MmaPrefillMatchesReference) {

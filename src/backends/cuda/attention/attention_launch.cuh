@@ -1,7 +1,7 @@
 // Definitions of the per-head-size launch helpers; each paged_attention_d<D>.cu instantiates
 // them for one head size (so the six head sizes compile in parallel): the paged attention kernel
 // in its variants, the decode-only kernel (head sizes <= 128) and the warp-specialized kernel
-// (head sizes 64 and 128). A launch runs the kernel its plan names (kernel_selection.h); the
+// (head sizes 64, 128 and 256). A launch runs the kernel its plan names (kernel_selection.h); the
 // builder's occupancy figure (attention_kernel_info) is that kernel's.
 #pragma once
 

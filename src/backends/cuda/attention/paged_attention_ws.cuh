@@ -1,13 +1,14 @@
 // Warp-specialized Hopper kernel of the paged attention (AttentionKernel::ws, kernel_selection.h):
-// 16-bit caches, head sizes D = 64 and 128 (head_size == head_size_v == D), sm_90a. It computes
+// 16-bit caches, head sizes D = 64, 128 and 256 (head_size == head_size_v == D), sm_90a. It computes
 // exactly what paged_attention_kernel computes for the same plan (attention_plan.h: every work
 // item, decode-path or prefill-path, split or not), with one code path for both kinds of item.
 //
 // CTA: 3 warpgroups, 1 CTA per SM, persistent over the plan's items (the strided schedule of the
 // other kernels, odd CTAs walking theirs backwards: ws_for_each_item).
-//   producer (warpgroup 0, 40 registers after setmaxnreg at D = 128, 56 at 64): copies with
+//   producer (warpgroup 0, 40 registers after setmaxnreg, 56 at D = 64): copies with
 //            cp.async (16-byte chunks, 8 threads a key row, zero-filled outside the item's key
-//            range) the item's packed query rows and its K/V tiles of 128 keys into a ring of
+//            range) the item's packed query rows and its K/V tiles of kKeys keys (128; 64 at
+//            D = 256) into a ring of
 //            kStages stages; each thread signals a stage's "full" barrier when its own copies
 //            have landed (cp.async.mbarrier.arrive.noinc), waits for the "empty" barrier before
 //            refilling.
@@ -24,10 +25,11 @@
 //            keys (causal tails) only waits for and releases the stage; a warp without live rows
 //            skips the softmax. Decode-path items (<= 16 rows): both consumers take the same rows
 //            and alternate tiles (consumer wg computes tiles t % 2 == wg); consumer 0 leaves its
-//            state (O, m, l) in its last stage and consumer 1 merges it (one named barrier).
+//            state (O, m, l) in its last stage and consumer 1 merges it (one named barrier; in
+//            two halves of O at D = 256, where the state exceeds a stage).
 // Per consumer and tile t of a prefill-path item (FlashAttention-3's in-warpgroup pipelining;
-// registers: S 64, O D/2, P 32 a thread):
-//   issue S_{t+1} = Q . K_{t+1}^T   (wgmma m64n128k16, both operands in shared memory, K-major)
+// registers: S kKeys/2, O D/2, P kKeys/4 a thread):
+//   issue S_{t+1} = Q . K_{t+1}^T   (wgmma m64n<kKeys>k16, both operands in shared memory, K-major)
 //   issue O += P_t . V_t            (wgmma m64nDk16, P from registers, V N-major)
 //   wait for S_{t+1}; logit transform / masks (transform_scores) and online softmax of S_{t+1}
 //        while P_t . V_t runs on the tensor core;
@@ -40,9 +42,9 @@
 // (ws_for_each_item), so a mixed batch keeps prefill and decode items on the device together.
 //
 // Shared memory (1024-byte aligned, every tile 128-byte swizzled as column blocks of rows x 128
-// bytes, async_primitives.cuh): kQBuffers x Q (2 x 64 rows x D), kStages x [K tile, V tile] (128 keys
-// x D each), then the barriers. D = 128: 32 KB + 3 x 64 KB = 224 KB; D = 64: 2 x 16 KB + 4 x
-// 32 KB = 160 KB. The decode merge borrows a stage (34 KB at D = 128).
+// bytes, async_primitives.cuh): kQBuffers x Q (2 x 64 rows x D), kStages x [K tile, V tile] (kKeys
+// keys x D each), then the barriers. D = 128: 32 KB + 3 x 64 KB = 224 KB; D = 64: 2 x 16 KB + 4 x
+// 32 KB = 160 KB; D = 256: 64 KB + 2 x 64 KB = 192 KB. The decode merge borrows a stage.
 //
 // Memory traffic and floor: each K/V byte of an item's key range once per item (the GQA group
 // packed into the rows, so once per group for decodes), Q and O once; floor = max(KV bytes / copy
@@ -68,26 +70,35 @@ struct WsTraits {
   static constexpr int kThreads = 384;
   // Register split, producer + 2 x consumer = 3 x 168 (the launch bound's budget): D = 64's
   // consumers hold half the O registers, so its producer gets 56 (40 spilled its fast copy path).
-  static constexpr int kProducerRegs = D == 128 ? 40 : 56;
-  static constexpr int kConsumerRegs = D == 128 ? 232 : 224;
+  static constexpr int kProducerRegs = D == 64 ? 56 : 40;
+  static constexpr int kConsumerRegs = D == 64 ? 224 : 232;
   static constexpr int kRows = 128;          // packed rows of an item (64 a consumer)
-  static constexpr int kKeys = 128;          // keys of a tile
+  // Keys of a tile: 128, or 64 at D = 256, where a consumer's O is 128 registers a thread (S 32 and
+  // P 16 then fit beside it) and a tile of 64 keys moves the same 64 KB as 128 keys at D = 128.
+  static constexpr int kKeys = D == 256 ? 64 : 128;
+  static constexpr int kScoreTiles = kKeys / 8;   // n8 column blocks of S
+  static constexpr int kPvSteps = kKeys / 16;     // k16 steps of P . V
   static constexpr int kColBlocks = D / 64;
   static constexpr int kQTileBytes = kColBlocks * 64 * 128;     // one consumer's 64 rows
   static constexpr int kQBytes = 2 * kQTileBytes;
-  static constexpr int kKvTileBytes = kColBlocks * kKeys * 128;  // 128 keys x D
+  static constexpr int kKvTileBytes = kColBlocks * kKeys * 128;  // kKeys keys x D
   static constexpr int kStageBytes = 2 * kKvTileBytes;
-  static constexpr int kQBuffers = D == 128 ? 1 : 2;
-  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kQBuffers = D == 64 ? 2 : 1;
+  static constexpr int kStages = D == 64 ? 4 : D == 128 ? 3 : 2;
   static constexpr int kBarrierOffset = kQBuffers * kQBytes + kStages * kStageBytes;
   static constexpr int kBarriers = 2 * kStages + 2 * kQBuffers;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
+  static_assert(!kSupported || kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static constexpr int kChunksPerThread = D / 64;      // 16-byte chunks of a row, 8 threads a row
   static constexpr int kRowsPerThread = kKeys / 16;    // 128 producer threads = 16 rows a pass
+  // Decode merge (consumer 0's O, m, l through a stage, 4 bytes x 128 threads a value): in one
+  // pass, or in halves of O where the whole state (D / 2 + 4 values a thread) exceeds a stage.
+  static constexpr int kMergePasses = (D / 2 + 4) * 128 * 4 <= kStageBytes ? 1 : 2;
+  static_assert(!kSupported || (D / 2 / kMergePasses + 4) * 128 * 4 <= kStageBytes, "a merge pass fits a stage");
 };
 
 
-// Per-item tile range of this kernel (tiles of 128 keys; ItemContext's are of 64).
+// Per-item tile range of this kernel (tiles of kKeys keys; ItemContext's are of 64).
 struct WsTiles {
   int base;
   int count;
@@ -341,10 +352,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   float o[D / 8][4];
 #pragma unroll
   for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  uint32_t pa[8][4];
+  uint32_t pa[W::kPvSteps][4];
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
-  float s[16][4];
+  for (int ks = 0; ks < W::kPvSteps; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
+  float s[W::kScoreTiles][4];
   const bool general = p.soft_cap > 0.f || p.alibi_slopes != nullptr;
   const uint64_t q_desc = wgmma::smem_desc(q_smem, 16, 1024);
 
@@ -355,9 +366,9 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   // Softmax of the scores of the tile at key0 (in s); returns the corrections of the two rows.
   auto softmax = [&](int key0, float& c0, float& c1) {
     const bool masked = key0 < ctx.lo_max || key0 + W::kKeys - 1 > ctx.hi_min;
-    const float factor = transform_scores<16>(s, p, ctx, rows, r0, key0, general, masked);
-    c0 = online_softmax_row<16>(s, 0, factor, m[0], l[0]);
-    c1 = online_softmax_row<16>(s, 1, factor, m[1], l[1]);
+    const float factor = transform_scores<W::kScoreTiles>(s, p, ctx, rows, r0, key0, general, masked);
+    c0 = online_softmax_row<W::kScoreTiles>(s, 0, factor, m[0], l[0]);
+    c1 = online_softmax_row<W::kScoreTiles>(s, 1, factor, m[1], l[1]);
   };
 
   // Decode items: consumer 0's last tile (its stage holds consumer 0's state for the merge).
@@ -470,46 +481,57 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   if (active == 0) mbar::arrive(bars.q_empty(qb));  // no S read Q
 
   // Decode items: consumer 0 leaves its state (O, m, l of every thread) in the K/V tile of its
-  // last stage, consumer 1 merges it into its own and releases that stage.
+  // last stage, consumer 1 merges it into its own and releases that stage. kMergePasses = 2 (D =
+  // 256): O in two halves, m and l with the first; a barrier between passes frees the scratch.
   if (merge_tile >= 0) {
     RingPos mp = item_ring;
     for (int t = 0; t < merge_tile; ++t) mp.template advance<W::kStages>();
     float* scratch = reinterpret_cast<float*>(stages + mp.stage * W::kStageBytes) + (threadIdx.x & 127);
     constexpr int kStride = 128;  // element e of thread i at e * 128 + i: conflict-free
-    static_assert((D / 2 + 4) * 128 * 4 <= W::kStageBytes, "merge scratch fits a stage");
-    if (wg == 0 && warp_live) {
+    constexpr int kBlocks = D / 8 / W::kMergePasses;  // o[d] blocks a pass
+    constexpr int kM = 4 * kBlocks;                   // m at kM + e, l at kM + 2 + e
+    float c_own[2] = {1.f, 1.f}, c_other[2] = {0.f, 0.f};
 #pragma unroll
-      for (int d = 0; d < D / 8; ++d)
+    for (int pass = 0; pass < W::kMergePasses; ++pass) {
+      if (pass > 0) named_barrier::sync<256>(1);  // consumer 1 has read the previous pass
+      if (wg == 0 && warp_live) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) scratch[(4 * d + j) * kStride] = o[d][j];
+        for (int d = 0; d < kBlocks; ++d)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        scratch[(D / 2 + e) * kStride] = m[e];
-        scratch[(D / 2 + 2 + e) * kStride] = l[e];
+          for (int j = 0; j < 4; ++j) scratch[(4 * d + j) * kStride] = o[pass * kBlocks + d][j];
+        if (pass == 0) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            scratch[(kM + e) * kStride] = m[e];
+            scratch[(kM + 2 + e) * kStride] = l[e];
+          }
+        }
       }
-    }
-    named_barrier::sync<256>(1);  // consumer 0's state written
-    if (wg == 1) {
-      if (warp_live) {
-        float c_own[2], c_other[2];
+      named_barrier::sync<256>(1);  // consumer 0's state (this pass) written
+      if (wg == 1 && warp_live) {
+        if (pass == 0) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float m_other = scratch[(D / 2 + e) * kStride];
-          const float l_other = scratch[(D / 2 + 2 + e) * kStride];
-          const float m_new = fmaxf(m[e], m_other);
-          const float base = m_new == neg_inf() ? 0.f : m_new;
-          c_own[e] = fast_exp2(m[e] - base);
-          c_other[e] = fast_exp2(m_other - base);
-          l[e] = l[e] * c_own[e] + l_other * c_other[e];
-          m[e] = m_new;
+          for (int e = 0; e < 2; ++e) {
+            const float m_other = scratch[(kM + e) * kStride];
+            const float l_other = scratch[(kM + 2 + e) * kStride];
+            const float m_new = fmaxf(m[e], m_other);
+            const float base = m_new == neg_inf() ? 0.f : m_new;
+            c_own[e] = fast_exp2(m[e] - base);
+            c_other[e] = fast_exp2(m_other - base);
+            l[e] = l[e] * c_own[e] + l_other * c_other[e];
+            m[e] = m_new;
+          }
         }
 #pragma unroll
-        for (int d = 0; d < D / 8; ++d)
+        for (int d = 0; d < kBlocks; ++d)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) o[d][j] = o[d][j] * c_own[j >> 1] + scratch[(4 * d + j) * kStride] * c_other[j >> 1];
+          for (int j = 0; j < 4; ++j) {
+            float& od = o[pass * kBlocks + d][j];
+            od = od * c_own[j >> 1] + scratch[(4 * d + j) * kStride] * c_other[j >> 1];
+          }
       }
-      mbar::arrive(bars.empty(mp.stage));  // with its own arrival: the stage's 256
     }
+    if (wg == 1) mbar::arrive(bars.empty(mp.stage));  // with its own arrival: the stage's 256
   }
 
   // Epilogue: normalized rows straight from registers (16-bit pairs, or f32 partials for a split).
