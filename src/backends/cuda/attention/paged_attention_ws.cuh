@@ -85,8 +85,12 @@ struct WsTraits {
   static constexpr int kStageBytes = 2 * kKvTileBytes;
   static constexpr int kQBuffers = D == 64 ? 2 : 1;
   static constexpr int kStages = D == 64 ? 4 : D == 128 ? 3 : 2;
+  // K and V halves of a stage on barriers of their own (WsBarriers) at D = 256, whose 2 stages
+  // otherwise leave the producer no slack; at D = 64 and 128 the second copy pass cost more than
+  // the slack won (docs/perf/cuda.md), and a stage is released whole.
+  static constexpr bool kSplitKv = D == 256;
   static constexpr int kBarrierOffset = kQBuffers * kQBytes + kStages * kStageBytes;
-  static constexpr int kBarriers = 2 * kStages + 2 * kQBuffers;
+  static constexpr int kBarriers = (kSplitKv ? 4 : 2) * kStages + 2 * kQBuffers;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
   static_assert(!kSupported || kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static constexpr int kChunksPerThread = D / 64;      // 16-byte chunks of a row, 8 threads a row
@@ -110,15 +114,58 @@ __device__ __forceinline__ WsTiles ws_tiles(const ItemContext& ctx, int keys) {
   return t;
 }
 
-// Barriers in shared memory: full / empty per stage, Q full / Q empty per Q buffer.
+// Barriers in shared memory: full / empty per stage, Q full / Q empty per Q buffer. With
+// kSplitKv the K tile and the V tile of a stage have barriers of their own (v = false / true): a
+// consumer releases K_t as soon as S_t is done, a tile before it releases V_t (P_t . V_t runs
+// under the softmax of S_{t+1}), so the producer refills the K half an iteration earlier and each
+// half has an iteration more to land than a stage released whole. Without it both halves name
+// the stage's one full and one empty barrier, and the consumer waits and releases a stage whole
+// (WsStageSync).
 template <int D>
 struct WsBarriers {
+  static constexpr int kS = WsTraits<D>::kStages;
+  static constexpr bool kSplit = WsTraits<D>::kSplitKv;
+  static constexpr int kHalves = kSplit ? 2 : 1;
   uint64_t* base;
-  __device__ __forceinline__ uint64_t* full(int s) const { return base + s; }
-  __device__ __forceinline__ uint64_t* empty(int s) const { return base + WsTraits<D>::kStages + s; }
-  __device__ __forceinline__ uint64_t* q_full(int b) const { return base + 2 * WsTraits<D>::kStages + b; }
+  __device__ __forceinline__ uint64_t* full(int s, bool v) const { return base + (kSplit && v ? kS : 0) + s; }
+  __device__ __forceinline__ uint64_t* empty(int s, bool v) const {
+    return base + kHalves * kS + (kSplit && v ? kS : 0) + s;
+  }
+  __device__ __forceinline__ uint64_t* q_full(int b) const { return base + 2 * kHalves * kS + b; }
   __device__ __forceinline__ uint64_t* q_empty(int b) const {
-    return base + 2 * WsTraits<D>::kStages + WsTraits<D>::kQBuffers + b;
+    return base + 2 * kHalves * kS + WsTraits<D>::kQBuffers + b;
+  }
+};
+
+// A consumer's waits and releases of a stage's halves. Split (kSplitKv): K and V on their own
+// barriers. Whole: wait_k waits for the stage, release_v releases it, wait_v and release_k are
+// nothing (the same instructions as a kernel without halves).
+template <int D>
+struct WsStageSync {
+  static constexpr bool kSplit = WsTraits<D>::kSplitKv;
+  WsBarriers<D> bars;
+  __device__ __forceinline__ void wait_k(int stage, uint32_t phase) const { mbar::wait(bars.full(stage, false), phase); }
+  __device__ __forceinline__ void wait_v(int stage, uint32_t phase) const {
+    if constexpr (kSplit) {
+      mbar::wait(bars.full(stage, true), phase);
+      __syncwarp();
+      wgmma::fence_async_smem();
+    }
+  }
+  __device__ __forceinline__ void release_k(int stage) const {
+    if constexpr (kSplit) mbar::arrive(bars.empty(stage, false));
+  }
+  __device__ __forceinline__ void release_v(int stage) const { mbar::arrive(bars.empty(stage, true)); }
+  // A tile the consumer does not compute: wait for it (phase order), release it; skip_rest after
+  // wait_k.
+  __device__ __forceinline__ void skip_rest(int stage, uint32_t phase) const {
+    if constexpr (kSplit) mbar::wait(bars.full(stage, true), phase);
+    release_k(stage);
+    release_v(stage);
+  }
+  __device__ __forceinline__ void skip(int stage, uint32_t phase) const {
+    wait_k(stage, phase);
+    skip_rest(stage, phase);
   }
 };
 
@@ -170,6 +217,11 @@ __device__ __forceinline__ void ws_load_q(const AttentionKernelParams& p, const 
 // the load consumed one tile after it was issued, the producer's tile rate fell by half:
 // docs/perf/cuda.md).
 // Invalid rows (outside the item's range, ids outside the cache) copy zeros from a row of page 0.
+// Parts of a tile WsKvCopier::copy issues.
+inline constexpr int kCopyK = 1;
+inline constexpr int kCopyV = 2;
+inline constexpr int kCopyKV = kCopyK | kCopyV;
+
 template <int D>
 struct WsKvCopier {
   using W = WsTraits<D>;
@@ -242,10 +294,10 @@ struct WsKvCopier {
     if (more) fetch<kFast>(p, ctx, key0);
   }
 
-  // Issues the copies of the fetched tile at key0 into a stage ([K tile][V tile]). The row's
-  // position in its page: pos & (block_size - 1) for power-of-two pages (a uniform branch).
-  // Fast path: one offset for K and V (same strides), no branch.
-  template <bool kFast>
+  // Issues the copies of the K tile, the V tile or both (kParts) of the fetched tile at key0 into
+  // a stage ([K tile][V tile]). The row's position in its page: pos & (block_size - 1) for
+  // power-of-two pages (a uniform branch). Fast path: V's offset is K's (same strides), no branch.
+  template <bool kFast, int kParts>
   __device__ __forceinline__ void copy(const AttentionKernelParams& p, const ItemContext& ctx, int key0,
                                        char* stage) const {
     const bool pow2 = ctx.block_shift >= 0;
@@ -277,8 +329,10 @@ struct WsKvCopier {
       char* dst = stage + dst0 + i * 16 * 128;
 #pragma unroll
       for (int k = 0; k < W::kChunksPerThread; ++k) {
-        cp_async_16(dst + k * W::kKeys * 128, k_src + k * 128, valid);
-        cp_async_16(dst + W::kKvTileBytes + k * W::kKeys * 128, v_src + k * 128, valid);
+        if constexpr ((kParts & kCopyK) != 0) cp_async_16(dst + k * W::kKeys * 128, k_src + k * 128, valid);
+        if constexpr ((kParts & kCopyV) != 0) {
+          cp_async_16(dst + W::kKvTileBytes + k * W::kKeys * 128, v_src + k * 128, valid);
+        }
       }
     }
   }
@@ -304,9 +358,19 @@ __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, 
 #pragma unroll 1
   for (int t = 0; t < tiles.count; ++t) {
     const int key0 = tiles.base + t * W::kKeys;
-    mbar::wait(bars.empty(ring.stage), ring.phase ^ 1u);
-    copier.template copy<kFast>(p, ctx, key0, stages + ring.stage * W::kStageBytes);
-    mbar::arrive_on_copies(bars.full(ring.stage));
+    char* stage = stages + ring.stage * W::kStageBytes;
+    if constexpr (W::kSplitKv) {
+      mbar::wait(bars.empty(ring.stage, false), ring.phase ^ 1u);
+      copier.template copy<kFast, kCopyK>(p, ctx, key0, stage);
+      mbar::arrive_on_copies(bars.full(ring.stage, false));
+      mbar::wait(bars.empty(ring.stage, true), ring.phase ^ 1u);
+      copier.template copy<kFast, kCopyV>(p, ctx, key0, stage);
+      mbar::arrive_on_copies(bars.full(ring.stage, true));
+    } else {
+      mbar::wait(bars.empty(ring.stage, false), ring.phase ^ 1u);
+      copier.template copy<kFast, kCopyKV>(p, ctx, key0, stage);
+      mbar::arrive_on_copies(bars.full(ring.stage, false));
+    }
     copier.template shift_ids<kFast>(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
     ring.template advance<W::kStages>();
   }
@@ -371,6 +435,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     c1 = online_softmax_row<W::kScoreTiles>(s, 1, factor, m[1], l[1]);
   };
 
+  const WsStageSync<D> sync{bars};
+
   // Decode items: consumer 0's last tile (its stage holds consumer 0's state for the merge).
   const int merge_tile = decode && active >= 2 ? ((active - 1) & ~1) : -1;
   const RingPos item_ring = ring;
@@ -385,9 +451,9 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     if (own_last < 0 && active > 0) mbar::arrive(bars.q_empty(qb));  // (active == 0: below)
 #pragma unroll 1
     for (int t = 0; t < active; ++t) {
-      mbar::wait(bars.full(ring.stage), ring.phase);
+      sync.wait_k(ring.stage, ring.phase);
       if ((t & 1) != wg) {  // the other consumer's tile
-        mbar::arrive(bars.empty(ring.stage));
+        sync.skip_rest(ring.stage, ring.phase);
         ring.template advance<W::kStages>();
         continue;
       }
@@ -399,6 +465,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stage, 16, 1024));
       wgmma::wait<0>();
       wgmma::reg_fence(s);
+      if (t != merge_tile) sync.release_k(ring.stage);  // merge_tile: after the merge
       if (t == own_last) mbar::arrive(bars.q_empty(qb));  // its last S: Q may be refilled
       if (warp_live) {
         float c0, c1;
@@ -406,6 +473,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         rescale_o(o, c0, c1);
         pack_p<T>(s, pa);
       }
+      sync.wait_v(ring.stage, ring.phase);
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
@@ -413,18 +481,19 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::wait<0>();
       wgmma::reg_fence(o);
       wgmma::reg_fence(pa);
-      if (t != merge_tile) mbar::arrive(bars.empty(ring.stage));  // merge_tile: released after the merge
+      if (t != merge_tile) sync.release_v(ring.stage);
       ring.template advance<W::kStages>();
     }
   } else {
     if (active > 0) {  // S_0 and P_0
-      mbar::wait(bars.full(ring.stage), ring.phase);
+      sync.wait_k(ring.stage, ring.phase);
       __syncwarp();
       wgmma::fence_async_smem();
       wgmma::fence();
       issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stages + ring.stage * W::kStageBytes, 16, 1024));
       wgmma::wait<0>();
       wgmma::reg_fence(s);
+      sync.release_k(ring.stage);  // K_0 read
       if (active == 1) mbar::arrive(bars.q_empty(qb));  // the only S: Q may be refilled
       if (warp_live) {
         float c0, c1;
@@ -437,7 +506,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     for (int t = 0; t + 1 < active; ++t) {
       RingPos nxt = ring;
       nxt.template advance<W::kStages>();
-      mbar::wait(bars.full(nxt.stage), nxt.phase);
+      sync.wait_k(nxt.stage, nxt.phase);
+      if constexpr (W::kSplitKv) mbar::wait(bars.full(ring.stage, true), ring.phase);  // V_t
       __syncwarp();
       wgmma::fence_async_smem();
       wgmma::reg_fence(pa);
@@ -448,18 +518,20 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
                         wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
       wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
       wgmma::reg_fence(s);
+      sync.release_k(nxt.stage);  // K_{t+1} read
       if (t + 2 == active) mbar::arrive(bars.q_empty(qb));  // that was the last S: Q may be refilled
       float c0 = 1.f, c1 = 1.f;
       if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
       wgmma::wait<0>();
       wgmma::reg_fence(o);
       wgmma::reg_fence(pa);
-      mbar::arrive(bars.empty(ring.stage));
+      sync.release_v(ring.stage);  // V_t read (the whole stage t unless split)
       rescale_o(o, c0, c1);
       pack_p<T>(s, pa);
       ring = nxt;
     }
     if (active > 0) {  // the last computed tile: P . V alone
+      sync.wait_v(ring.stage, ring.phase);
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
@@ -467,15 +539,14 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
                         wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
       wgmma::wait<0>();
       wgmma::reg_fence(o);
-      mbar::arrive(bars.empty(ring.stage));
+      sync.release_v(ring.stage);
       ring.template advance<W::kStages>();
     }
   }
   // Tiles none of this warpgroup's rows sees: wait for each (phase order), release it.
 #pragma unroll 1
   for (int t = active; t < tiles.count; ++t) {
-    mbar::wait(bars.full(ring.stage), ring.phase);
-    mbar::arrive(bars.empty(ring.stage));
+    sync.skip(ring.stage, ring.phase);
     ring.template advance<W::kStages>();
   }
   if (active == 0) mbar::arrive(bars.q_empty(qb));  // no S read Q
@@ -531,7 +602,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
           }
       }
     }
-    if (wg == 1) mbar::arrive(bars.empty(mp.stage));  // with its own arrival: the stage's 256
+    if (wg == 1) {  // with its own arrival: the stage's 256
+      sync.release_k(mp.stage);
+      sync.release_v(mp.stage);
+    }
   }
 
   // Epilogue: normalized rows straight from registers (16-bit pairs, or f32 partials for a split).
@@ -602,8 +676,10 @@ __global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_k
   const WsBarriers<D> bars{reinterpret_cast<uint64_t*>(smem + W::kBarrierOffset)};
   if (threadIdx.x == 0) {
     for (int s = 0; s < W::kStages; ++s) {
-      mbar::init(bars.full(s), 128);   // every producer thread, when its copies landed
-      mbar::init(bars.empty(s), 256);  // every consumer thread
+      for (int v = 0; v < WsBarriers<D>::kHalves; ++v) {
+        mbar::init(bars.full(s, v), 128);                         // every producer thread, when its copies landed
+        mbar::init(bars.empty(s, v), 256);                         // every consumer thread
+      }
     }
     for (int b = 0; b < W::kQBuffers; ++b) {
       mbar::init(bars.q_full(b), 128);
