@@ -114,7 +114,7 @@ void check_only_slots_written(const Tensor& cache, const std::vector<uint8_t>& b
 }
 
 // PAGEDATTN_FUZZ_TRACE=1: one line per stage of each input on stderr (to read what a corpus
-// input decodes to: build/fuzz/fuzz/fuzz_builders <file>).
+// input decodes to: build/asan/fuzz/fuzz_builders <file>).
 template <typename... Parts>
 void trace(const Parts&... parts) {
   static const bool on = std::getenv("PAGEDATTN_FUZZ_TRACE") != nullptr;
