@@ -145,9 +145,14 @@ struct WsStageSync {
   static constexpr bool kSplit = WsTraits<D>::kSplitKv;
   WsBarriers<D> bars;
   __device__ __forceinline__ void wait_k(int stage, uint32_t phase) const { mbar::wait(bars.full(stage, false), phase); }
+  // V landed (split; nothing otherwise: wait_k waited for the stage). wait_v also orders the
+  // copies before the tensor core's reads, for a P . V issued without a wait_k just before.
+  __device__ __forceinline__ void wait_v_landed(int stage, uint32_t phase) const {
+    if constexpr (kSplit) mbar::wait(bars.full(stage, true), phase);
+  }
   __device__ __forceinline__ void wait_v(int stage, uint32_t phase) const {
     if constexpr (kSplit) {
-      mbar::wait(bars.full(stage, true), phase);
+      wait_v_landed(stage, phase);
       __syncwarp();
       wgmma::fence_async_smem();
     }
@@ -159,7 +164,7 @@ struct WsStageSync {
   // A tile the consumer does not compute: wait for it (phase order), release it; skip_rest after
   // wait_k.
   __device__ __forceinline__ void skip_rest(int stage, uint32_t phase) const {
-    if constexpr (kSplit) mbar::wait(bars.full(stage, true), phase);
+    wait_v_landed(stage, phase);
     release_k(stage);
     release_v(stage);
   }
@@ -359,17 +364,13 @@ __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, 
   for (int t = 0; t < tiles.count; ++t) {
     const int key0 = tiles.base + t * W::kKeys;
     char* stage = stages + ring.stage * W::kStageBytes;
+    mbar::wait(bars.empty(ring.stage, false), ring.phase ^ 1u);  // the whole stage unless split
+    copier.template copy<kFast, W::kSplitKv ? kCopyK : kCopyKV>(p, ctx, key0, stage);
+    mbar::arrive_on_copies(bars.full(ring.stage, false));
     if constexpr (W::kSplitKv) {
-      mbar::wait(bars.empty(ring.stage, false), ring.phase ^ 1u);
-      copier.template copy<kFast, kCopyK>(p, ctx, key0, stage);
-      mbar::arrive_on_copies(bars.full(ring.stage, false));
       mbar::wait(bars.empty(ring.stage, true), ring.phase ^ 1u);
       copier.template copy<kFast, kCopyV>(p, ctx, key0, stage);
       mbar::arrive_on_copies(bars.full(ring.stage, true));
-    } else {
-      mbar::wait(bars.empty(ring.stage, false), ring.phase ^ 1u);
-      copier.template copy<kFast, kCopyKV>(p, ctx, key0, stage);
-      mbar::arrive_on_copies(bars.full(ring.stage, false));
     }
     copier.template shift_ids<kFast>(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
     ring.template advance<W::kStages>();
@@ -507,7 +508,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       RingPos nxt = ring;
       nxt.template advance<W::kStages>();
       sync.wait_k(nxt.stage, nxt.phase);
-      if constexpr (W::kSplitKv) mbar::wait(bars.full(ring.stage, true), ring.phase);  // V_t
+      sync.wait_v_landed(ring.stage, ring.phase);  // V_t
       __syncwarp();
       wgmma::fence_async_smem();
       wgmma::reg_fence(pa);
