@@ -15,6 +15,7 @@
 
 #include "calibrate.h"
 #include "cli_common.h"
+#include "cli_test_util.h"
 #include "commands.h"
 #include "pagedattn/pagedattn.h"
 #include "simulation.h"
@@ -22,20 +23,8 @@
 namespace pagedattn::cli {
 namespace {
 
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
-
-CliResult cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "pagedattn");
-  std::ostringstream out, err;
-  CliResult r;
-  r.code = run_cli(args, out, err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
+using cli_test::CliResult;
+using cli_test::cli;
 
 int count_lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "cli_test_util.h"
 #include "commands.h"
 #include "simulation.h"
 #include "workload.h"
@@ -20,20 +21,8 @@
 namespace pagedattn::cli {
 namespace {
 
-struct CliResult {
-  int code = -1;
-  std::string out, err;
-};
-
-CliResult cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "pagedattn");
-  std::ostringstream out, err;
-  CliResult r;
-  r.code = run_cli(args, out, err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
+using cli_test::CliResult;
+using cli_test::cli;
 
 struct LimitCase {
   std::vector<std::string> args;
