@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -40,9 +41,50 @@ struct AttentionLayerParams {
   std::optional<int> attention_chunk_size;   // chunked local attention (llama4)
 };
 
+// vLLM's static forward context (compilation_config.static_forward_context): the attention layers
+// of one model by name, in creation order. A layer constructed with one (Attention and
+// MLAAttention take it as their second argument) registers itself there, and a layer with
+// kv_sharing_target_layer_name is checked against the layers created BEFORE it, as vLLM's
+// validate_kv_sharing_target: the target exists and was created earlier (a later or unknown name
+// is an Error), reads its own cache (no chains), and has the same attention type, the same kind
+// (MLA or standard), the same device and the same KV-cache spec (kind, block_size, num_kv_heads,
+// head sizes, storage dtype, sliding window, chunk size). Every failure is an Error naming
+// kv_sharing_target_layer_name, both layers and what differs; a second layer of the same name is
+// an Error naming prefix. A layer that shares a cache must be created with the context that holds
+// its target. A rejected layer leaves the context unchanged. The context keeps a description of
+// each layer, not the layer: layers may move or be destroyed. Not thread-safe (create a model's
+// layers on one thread, as vLLM does).
+class StaticForwardContext {
+ public:
+  struct Layer {
+    std::string name;                      // the layer's prefix
+    bool use_mla = false;                  // MLAAttention
+    AttentionType attn_type = AttentionType::decoder;
+    Device device = Device::cpu;
+    std::optional<KVCacheSpec> kv_cache_spec;  // none for encoder / encoder_only layers
+    std::optional<std::string> kv_sharing_target_layer_name;
+  };
+
+  // Throws the Error described above when `layer` cannot be added; changes nothing.
+  void check(const Layer& layer) const;
+  // check(), then appends `layer`.
+  void add(Layer layer);
+  // The layer called `name`, or nullptr.
+  const Layer* find(std::string_view name) const;
+  // Registered layers in creation order.
+  const std::vector<Layer>& layers() const { return layers_; }
+
+ private:
+  std::vector<Layer> layers_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
 class Attention {
  public:
-  explicit Attention(AttentionLayerParams params);
+  // static_forward_context: where the layer registers itself and finds its
+  // kv_sharing_target_layer_name (required for a sharing layer); nullptr = not registered.
+  explicit Attention(AttentionLayerParams params,
+                     StaticForwardContext* static_forward_context = nullptr);
 
   const AttentionBackend& backend() const { return *backend_; }
   AttentionImpl& impl() { return *impl_; }
@@ -88,7 +130,8 @@ struct ForwardContext {
                const TensorView& output_lse = {}) const;
 };
 
-// vLLM get_per_layer_parameters: window_left, logits_soft_cap, sm_scale per layer name.
+// vLLM get_per_layer_parameters: window_left, logits_soft_cap, sm_scale per layer name (names
+// must be unique; infer_global_hyperparameters in metadata.h checks that they agree).
 std::map<std::string, PerLayerParameters> get_per_layer_parameters(
     const std::vector<const Attention*>& layers);
 

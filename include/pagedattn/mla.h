@@ -314,9 +314,15 @@ struct MLAAttentionLayerParams {
   }
 };
 
+class StaticForwardContext;  // layer.h
+
 class MLAAttention {
  public:
-  explicit MLAAttention(MLAAttentionLayerParams params);
+  // static_forward_context: where the layer registers itself and finds its
+  // kv_sharing_target_layer_name (required for a sharing layer; see layer.h); nullptr = not
+  // registered.
+  explicit MLAAttention(MLAAttentionLayerParams params,
+                        StaticForwardContext* static_forward_context = nullptr);
 
   const AttentionBackend& backend() const { return *backend_; }
   MLAAttentionImpl& impl() { return *impl_; }

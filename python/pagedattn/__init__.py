@@ -10,6 +10,8 @@ Main entry points:
     MLAAttention(num_heads, scale, ..., kv_b_proj)     an MLA (DeepSeek latent attention) layer
     CommonAttentionMetadata(query_start_loc, ...)      one step's batch
     Attention.metadata_builder().build(common)         a backend's plan for the step
+    StaticForwardContext(), ForwardContext(...)        layers by name; a step's plans and caches
+    get_per_layer_parameters, infer_global_hyperparameters   per-layer plan hyperparameters
     get_attn_backend(...), list_backends()             the selector and the registry
     reshape_and_cache_flash(...), merge_attn_states()  standalone ops
     concat_and_cache_mla(...), gather_and_maybe_dequant_cache(...)   MLA cache ops
@@ -33,6 +35,9 @@ from ._C import (
     MLADimensions,
     MLAPrefillBackend,
     MultipleOf,
+    PerLayerParameters,
+    RegisteredLayer,
+    StaticForwardContext,
     built_with_cuda,
     canonical_dtype,
     common_prefix_len,
@@ -45,6 +50,8 @@ from ._C import (
     get_attn_backend,
     get_kv_cache_layout,
     get_mla_prefill_backend,
+    get_per_layer_parameters,
+    infer_global_hyperparameters,
     is_quantized_kv_cache,
     kv_cache_storage_dtype,
     list_backends,
@@ -59,6 +66,7 @@ from ._C import (
     use_cascade_attention,
     validate_kv_cache_dtype,
 )
+from ._forward_context import ForwardContext
 from ._layer import Attention
 from ._metadata import CommonAttentionMetadata, make_local_attention_virtual_batches
 from ._mla import MLAAttention
@@ -89,12 +97,16 @@ __all__ = [
     "AttentionType",
     "CommonAttentionMetadata",
     "Error",
+    "ForwardContext",
     "KVCacheSpec",
     "MLAAttention",
     "MLAAttentionMetadata",
     "MLADimensions",
     "MLAPrefillBackend",
     "MultipleOf",
+    "PerLayerParameters",
+    "RegisteredLayer",
+    "StaticForwardContext",
     "built_with_cuda",
     "canonical_dtype",
     "common_prefix_len",
@@ -109,6 +121,8 @@ __all__ = [
     "get_attn_backend",
     "get_kv_cache_layout",
     "get_mla_prefill_backend",
+    "get_per_layer_parameters",
+    "infer_global_hyperparameters",
     "is_quantized_kv_cache",
     "kv_cache_storage_dtype",
     "list_backends",

@@ -35,7 +35,8 @@ class Attention(_C._Attention):
         sinks: one attention-sink logit per query head (added to the softmax denominator
             only), or None.
         kv_sharing_target_layer_name: name of an earlier layer whose cache this layer reads;
-            such a layer never writes a cache (pass key=value=None and that layer's cache).
+            such a layer never writes a cache (pass key=value=None and that layer's cache). It
+            needs ``static_forward_context``, which checks the target when this layer is made.
         prefix: this layer's name, e.g. "model.layers.0.self_attn.attn".
         dtype: activation dtype of query/key/value/output: "bfloat16" (default),
             "float16", "float32", or a NumPy / ml_dtypes / torch dtype.
@@ -48,6 +49,11 @@ class Attention(_C._Attention):
             position ``p`` sees the keys ``k <= p`` with ``k // C == p // C``. ``C`` must be a
             multiple of ``block_size``. The layer's ``metadata_builder()`` plans vLLM's virtual
             batches for it (no cascade, no CUDA graphs).
+        static_forward_context: the model's ``StaticForwardContext`` (vLLM's static forward
+            context): the layer registers itself there under ``prefix`` (a duplicate name is an
+            error), and its ``kv_sharing_target_layer_name`` must be a layer created before it
+            there, reading its own cache, with the same attention type, device and KV-cache
+            spec. None = not registered (then the layer cannot share a cache).
 
     Attributes:
         backend: the selected ``AttentionBackend`` (``.name``, ``.get_kv_cache_shape()``...).
@@ -89,6 +95,7 @@ class Attention(_C._Attention):
         *,
         head_size_v: Optional[int] = None,
         attention_chunk_size: Optional[int] = None,
+        static_forward_context: Optional[_C.StaticForwardContext] = None,
     ) -> None:
         i32 = _tensors.int32_arg
         super().__init__(
@@ -111,6 +118,7 @@ class Attention(_C._Attention):
             None if head_size_v is None else i32(head_size_v, "head_size_v"),
             None if attention_chunk_size is None
             else i32(attention_chunk_size, "attention_chunk_size"),
+            static_forward_context,
         )
 
     def allocate_kv_cache(self, num_blocks: int, framework: Optional[str] = None) -> Any:

@@ -53,7 +53,7 @@ class MLAAttention(_C._MLAAttention):
             "bfloat16", "float16" or "float32". fp8 stores ``saturate(x / k_scale)``.
         block_size: tokens per cache block (CUDA_MLA and CPU_MLA need multiples of 16).
         kv_sharing_target_layer_name: an earlier layer whose cache this layer reads (never
-            writes).
+            writes); needs ``static_forward_context``, which checks it (as ``Attention``).
         prefix: this layer's name, e.g. "model.layers.0.self_attn.attn".
         dtype: activation dtype of q, kv_c_normed, k_pe, kv_b_proj and the output.
         device: "cpu" or "cuda" (or "cuda:0", a torch.device).
@@ -61,6 +61,8 @@ class MLAAttention(_C._MLAAttention):
             the selector's choice (env ``PAGEDATTN_BACKEND`` also forces one).
         prefill_backend: force an MLA prefill backend by name (``list_mla_prefill_backends()``);
             None = ``get_mla_prefill_backend``'s choice (env ``PAGEDATTN_MLA_PREFILL_BACKEND``).
+        static_forward_context: the model's ``StaticForwardContext``: the layer registers itself
+            there and its sharing target is checked against it (see ``Attention``).
 
     Attributes:
         backend: the selected ``AttentionBackend``; prefill_backend: the prefill backend's name;
@@ -98,6 +100,8 @@ class MLAAttention(_C._MLAAttention):
         device: Any = "cpu",
         backend: Optional[str] = None,
         prefill_backend: Optional[str] = None,
+        *,
+        static_forward_context: Optional[_C.StaticForwardContext] = None,
     ) -> None:
         super().__init__(
             _tensors.int32_arg(num_heads, "num_heads"),
@@ -115,6 +119,7 @@ class MLAAttention(_C._MLAAttention):
             device,
             backend,
             prefill_backend,
+            static_forward_context,
         )
         self._kv_b_proj = None
         if kv_b_proj is not None:

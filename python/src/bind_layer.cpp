@@ -1,6 +1,10 @@
 // Bindings: the Attention layer (vLLM attention/layer.py). The Python class
 // pagedattn.Attention subclasses this one: it adds the defaults, the documentation and the
-// allocation of outputs in the caller's framework, then calls _forward.
+// allocation of outputs in the caller's framework, then calls _forward. Also the rest of
+// layer.h: StaticForwardContext, the lookups of ForwardContext (pagedattn.ForwardContext holds
+// the Python objects and asks these for every lookup, so the rules and errors are C++'s) and
+// get_per_layer_parameters.
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -18,7 +22,97 @@ namespace pagedattn::python {
 
 using namespace nb::literals;
 
+namespace {
+
+// The layer name whose cache `layer` reads (its own, or its kv-sharing target's).
+const std::string& cache_owner(const Attention& layer) {
+  return layer.params().kv_sharing_target_layer_name ? *layer.params().kv_sharing_target_layer_name
+                                                     : layer.name();
+}
+
+nb::object dict_item(const nb::dict& d, const std::string& key) {
+  nb::str k(key.c_str(), key.size());
+  return d.contains(k) ? nb::borrow(d[k]) : nb::none();
+}
+
+}  // namespace
+
 void bind_layer(nb::module_& m) {
+  using Registered = StaticForwardContext::Layer;
+  nb::class_<Registered>(m, "RegisteredLayer",
+                         "What a StaticForwardContext knows of one layer (read-only).")
+      .def_ro("name", &Registered::name)
+      .def_ro("use_mla", &Registered::use_mla)
+      .def_prop_ro("attn_type", [](const Registered& l) { return std::string(attention_type_name(l.attn_type)); })
+      .def_prop_ro("device", [](const Registered& l) { return std::string(device_name(l.device)); })
+      .def_ro("kv_cache_spec", &Registered::kv_cache_spec)
+      .def_ro("kv_sharing_target_layer_name", &Registered::kv_sharing_target_layer_name)
+      .def("__repr__", [](const Registered& l) {
+        return "<pagedattn.RegisteredLayer '" + l.name + "' " + (l.use_mla ? "MLAAttention" : "Attention") +
+               " " + std::string(attention_type_name(l.attn_type)) + ">";
+      });
+
+  nb::class_<StaticForwardContext>(
+      m, "StaticForwardContext",
+      "The attention layers of one model by name, in creation order (vLLM's static forward "
+      "context). A layer created with static_forward_context=ctx registers itself (a duplicate "
+      "name is an error) and, when it has kv_sharing_target_layer_name, is checked against the "
+      "layers created before it: the target exists and is earlier, reads its own cache, and has "
+      "the same attention type, layer kind (MLA or not), device and KV-cache spec. A layer that "
+      "shares a cache needs one.")
+      .def(nb::init<>())
+      .def("__len__", [](const StaticForwardContext& c) { return c.layers().size(); })
+      .def("__contains__", [](const StaticForwardContext& c, const std::string& name) {
+        return c.find(name) != nullptr;
+      })
+      .def(
+          "__getitem__",
+          [](const StaticForwardContext& c, const std::string& name) {
+            const Registered* l = c.find(name);
+            if (l == nullptr) throw nb::key_error(name.c_str());
+            return *l;
+          },
+          "name"_a)
+      .def_prop_ro(
+          "layer_names",
+          [](const StaticForwardContext& c) {
+            std::vector<std::string> names;
+            for (const Registered& l : c.layers()) names.push_back(l.name);
+            return names;
+          },
+          "Names of the registered layers, in creation order.");
+
+  m.def(
+      "_forward_context_metadata_for",
+      [](const nb::dict& attn_metadata, const Attention& layer) {
+        ForwardContext context;
+        nb::object item = dict_item(attn_metadata, layer.name());
+        if (!item.is_none()) {
+          context.attn_metadata[layer.name()] = nb::cast<const PyAttentionMetadata&>(item).metadata;
+        }
+        (void)context.metadata_for(layer);  // the C++ rules and errors
+        return item;
+      },
+      "attn_metadata"_a, "layer"_a);
+  m.def(
+      "_forward_context_kv_cache_for",
+      [](const nb::dict& kv_caches, const Attention& layer) {
+        ForwardContext context;
+        const std::string& owner = cache_owner(layer);
+        nb::object item = dict_item(kv_caches, owner);
+        // Only the name matters to the lookup; the cache itself is checked by forward.
+        if (!item.is_none()) context.kv_caches[owner] = TensorView{};
+        (void)context.kv_cache_for(layer);
+        return item;
+      },
+      "kv_caches"_a, "layer"_a);
+  m.def(
+      "get_per_layer_parameters",
+      [](const std::vector<const Attention*>& layers) { return get_per_layer_parameters(layers); },
+      "layers"_a,
+      "window_left, logits_soft_cap and sm_scale of each layer, by layer name (vLLM's "
+      "get_per_layer_parameters): a dict of PerLayerParameters. Names must be unique.");
+
   nb::class_<Attention>(m, "_Attention", "Native part of pagedattn.Attention.")
       .def(
           "__init__",
@@ -29,7 +123,8 @@ void bind_layer(nb::module_& m) {
              std::optional<std::vector<float>> sinks,
              std::optional<std::string> kv_sharing_target_layer_name, const std::string& prefix,
              nb::handle dtype, nb::handle device, std::optional<std::string> backend,
-             std::optional<int> head_size_v, std::optional<int> attention_chunk_size) {
+             std::optional<int> head_size_v, std::optional<int> attention_chunk_size,
+             StaticForwardContext* static_forward_context) {
             AttentionLayerParams p;
             p.num_heads = num_heads;
             p.head_size = head_size;
@@ -49,13 +144,14 @@ void bind_layer(nb::module_& m) {
             p.backend = backend.value_or("");
             p.head_size_v = head_size_v.value_or(0);
             p.attention_chunk_size = attention_chunk_size;
-            new (self) Attention(std::move(p));
+            new (self) Attention(std::move(p), static_forward_context);
           },
           "num_heads"_a, "head_size"_a, "scale"_a.none(), "num_kv_heads"_a.none(),
           "alibi_slopes"_a.none(), "sliding_window"_a.none(), "logits_soft_cap"_a.none(),
           "attn_type"_a, "kv_cache_dtype"_a, "block_size"_a, "sinks"_a.none(),
           "kv_sharing_target_layer_name"_a.none(), "prefix"_a, "dtype"_a, "device"_a,
-          "backend"_a.none(), "head_size_v"_a.none(), "attention_chunk_size"_a.none())
+          "backend"_a.none(), "head_size_v"_a.none(), "attention_chunk_size"_a.none(),
+          "static_forward_context"_a.none())
       .def_prop_ro("backend", [](const Attention& a) { return PyBackend{&a.backend()}; },
                    "The AttentionBackend this layer runs on.")
       .def_prop_ro("kv_cache_spec", &Attention::kv_cache_spec,

@@ -1,4 +1,5 @@
 // Bindings: CommonAttentionMetadata and the batch utilities of vLLM's backends/utils.py.
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -225,6 +226,32 @@ void bind_metadata(nb::module_& m) {
                               {n, static_cast<size_t>(v.pages_per_local_batch)}));
       },
       "attn_chunk_size"_a, "query_start_loc"_a, "seq_lens"_a, "block_table"_a, "block_size"_a);
+
+  nb::class_<PerLayerParameters>(m, "PerLayerParameters",
+                                 "The plan-time hyperparameters of one layer (vLLM's "
+                                 "PerLayerParameters): window_left (sliding_window - 1, or -1), "
+                                 "logits_soft_cap (None = off) and sm_scale.")
+      .def(
+          "__init__",
+          [](PerLayerParameters* self, int window_left, std::optional<float> logits_soft_cap,
+             float sm_scale) {
+            new (self) PerLayerParameters{window_left, logits_soft_cap, sm_scale};
+          },
+          "window_left"_a = -1, "logits_soft_cap"_a.none() = nb::none(), "sm_scale"_a = 1.f)
+      .def_rw("window_left", &PerLayerParameters::window_left)
+      .def_rw("logits_soft_cap", &PerLayerParameters::logits_soft_cap)
+      .def_rw("sm_scale", &PerLayerParameters::sm_scale)
+      .def("__eq__", [](const PerLayerParameters& a, const PerLayerParameters& b) { return a == b; })
+      .def("__eq__", [](const PerLayerParameters&, nb::handle) { return false; })
+      .def("__repr__", [](const PerLayerParameters& p) {
+        return detail::concat("PerLayerParameters(window_left=", p.window_left, ", logits_soft_cap=",
+                              p.logits_soft_cap ? detail::concat(*p.logits_soft_cap) : std::string("None"),
+                              ", sm_scale=", p.sm_scale, ")");
+      });
+  m.def("infer_global_hyperparameters", &infer_global_hyperparameters, "per_layer"_a,
+        "The hyperparameters every layer shares (vLLM's infer_global_hyperparameters): per_layer "
+        "is a dict name -> PerLayerParameters (get_per_layer_parameters). Raises pagedattn.Error "
+        "naming the first layer that differs from the first one, or when it is empty.");
 
   m.def("use_cascade_attention",
         [](int common_prefix_len, const std::vector<int32_t>& query_lens, int num_query_heads,

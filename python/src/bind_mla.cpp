@@ -303,7 +303,8 @@ void bind_mla(nb::module_& m) {
              const std::string& kv_cache_dtype, int block_size,
              std::optional<std::string> kv_sharing_target_layer_name, const std::string& prefix,
              nb::handle dtype, nb::handle device, std::optional<std::string> backend,
-             std::optional<std::string> prefill_backend) {
+             std::optional<std::string> prefill_backend,
+             StaticForwardContext* static_forward_context) {
             MLAAttentionLayerParams p;
             p.num_heads = num_heads;
             p.scale = scale;  // None = qk_head_dim ** -0.5; 0 is an Error (MLAAttention)
@@ -321,12 +322,13 @@ void bind_mla(nb::module_& m) {
             p.device = device_arg(device, "device");
             p.backend = backend.value_or("");
             p.prefill_backend = prefill_backend.value_or("");
-            new (self) MLAAttention(std::move(p));
+            new (self) MLAAttention(std::move(p), static_forward_context);
           },
           "num_heads"_a, "scale"_a.none(), "qk_nope_head_dim"_a, "qk_rope_head_dim"_a,
           "v_head_dim"_a, "q_lora_rank"_a.none(), "kv_lora_rank"_a, "kv_cache_dtype"_a,
           "block_size"_a, "kv_sharing_target_layer_name"_a.none(), "prefix"_a, "dtype"_a,
-          "device"_a, "backend"_a.none(), "prefill_backend"_a.none())
+          "device"_a, "backend"_a.none(), "prefill_backend"_a.none(),
+          "static_forward_context"_a.none())
       .def_prop_ro("backend", [](const MLAAttention& a) { return PyBackend{&a.backend()}; },
                    "The MLA AttentionBackend this layer runs on.")
       .def_prop_ro(

@@ -212,3 +212,50 @@ def test_device_queries():
     pagedattn.set_current_cuda_stream(0)
     assert pagedattn.current_cuda_stream() == 0
     pagedattn.set_current_cuda_stream(previous)
+
+
+def test_static_forward_context_checks_kv_sharing_targets():
+    model = pagedattn.StaticForwardContext()
+    args = dict(num_heads=4, head_size=32, scale=None, num_kv_heads=2, dtype="float32",
+                backend="REFERENCE", static_forward_context=model)
+    pagedattn.Attention(prefix="model.layers.0.attn", **args)
+    pagedattn.Attention(prefix="model.layers.1.attn", kv_sharing_target_layer_name="model.layers.0.attn",
+                        **args)
+    assert len(model) == 2 and "model.layers.1.attn" in model
+    assert model["model.layers.1.attn"].kv_sharing_target_layer_name == "model.layers.0.attn"
+    assert model["model.layers.0.attn"].kv_cache_spec.head_size == 32
+    cases = [
+        (dict(prefix="model.layers.0.attn"), "prefix", ["already"]),
+        (dict(prefix="model.layers.2.attn", kv_sharing_target_layer_name="model.layers.7.attn"),
+         "kv_sharing_target_layer_name", ["model.layers.2.attn", "model.layers.7.attn", "earlier"]),
+        (dict(prefix="model.layers.2.attn", kv_sharing_target_layer_name="model.layers.0.attn",
+              sliding_window=64), "kv_sharing_target_layer_name",
+         ["model.layers.0.attn", "model.layers.2.attn", "sliding_window 0 vs 64"]),
+    ]
+    for extra, argument, words in cases:
+        with pytest.raises(pagedattn.Error) as e:
+            pagedattn.Attention(**{**args, **extra})
+        assert e.value.argument == argument
+        for word in words:
+            assert word in str(e.value), str(e.value)
+    assert model.layer_names == ["model.layers.0.attn", "model.layers.1.attn"]
+    with pytest.raises(pagedattn.Error, match="StaticForwardContext"):
+        pagedattn.Attention(4, 32, None, prefix="model.layers.3.attn",
+                            kv_sharing_target_layer_name="model.layers.0.attn")
+
+
+def test_per_layer_parameters_and_global_hyperparameters():
+    layers = [pagedattn.Attention(4, 64, 0.125, sliding_window=128, logits_soft_cap=30.0,
+                                  prefix=f"layers.{i}.attn") for i in range(2)]
+    per_layer = pagedattn.get_per_layer_parameters(layers)
+    expected = pagedattn.PerLayerParameters(window_left=127, logits_soft_cap=30.0, sm_scale=0.125)
+    assert per_layer == {"layers.0.attn": expected, "layers.1.attn": expected}
+    assert pagedattn.infer_global_hyperparameters(per_layer) == expected
+    per_layer["layers.1.attn"] = pagedattn.PerLayerParameters(sm_scale=0.125)
+    with pytest.raises(pagedattn.Error, match="layers.1.attn") as e:
+        pagedattn.infer_global_hyperparameters(per_layer)
+    assert e.value.argument == "per_layer"
+    with pytest.raises(pagedattn.Error, match="empty"):
+        pagedattn.infer_global_hyperparameters({})
+    with pytest.raises(pagedattn.Error, match="like an earlier layer"):
+        pagedattn.get_per_layer_parameters([layers[0], layers[0]])

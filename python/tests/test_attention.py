@@ -251,10 +251,14 @@ def test_fp8_kv_cache(fw, rng, kv_cache_dtype):
 
 
 def test_kv_sharing_layer_reads_the_target_cache(fw, rng):
-    first = make_layer(fw, "float32", 4, 32, num_kv_heads=2, prefix="layers.0.attn")
+    model = pagedattn.StaticForwardContext()
+    first = make_layer(fw, "float32", 4, 32, num_kv_heads=2, prefix="layers.0.attn",
+                       static_forward_context=model)
     second = make_layer(fw, "float32", 4, 32, num_kv_heads=2, prefix="layers.1.attn",
-                        kv_sharing_target_layer_name="layers.0.attn")
+                        kv_sharing_target_layer_name="layers.0.attn",
+                        static_forward_context=model)
     assert second.kv_sharing_target_layer_name == "layers.0.attn"
+    assert model.layer_names == ["layers.0.attn", "layers.1.attn"]
     batch = make_batch(rng, [1, 5], [12, 0], 16, 2, 32)
     cache = prepare_cache(fw, first, batch, 32)
     md = first.metadata_builder().build(batch.common())
@@ -380,3 +384,35 @@ def test_metadata_built_once_serves_every_layer_of_the_group(rng):
         ref, _ = reference_forward(batch, query, cache, oracle_args(layer), 32)
         assert rel_err(out, ref) <= TOLERANCE["bfloat16"]
 
+
+
+def test_forward_context_runs_each_layer_with_its_plan_and_cache(rng):
+    model = pagedattn.StaticForwardContext()
+    owner = pagedattn.Attention(4, 32, None, num_kv_heads=2, prefix="layers.0.attn",
+                                dtype="float32", static_forward_context=model)
+    sharer = pagedattn.Attention(4, 32, None, num_kv_heads=2, prefix="layers.1.attn",
+                                 dtype="float32", kv_sharing_target_layer_name="layers.0.attn",
+                                 static_forward_context=model)
+    batch = make_batch(rng, [1, 3], [20, 5], 16, 2, 32)
+    cache = owner.allocate_kv_cache(batch.num_blocks)
+    fill_context(batch, cache, 32, 32)
+    md = owner.metadata_builder().build(batch.common())
+    ctx = pagedattn.ForwardContext()
+    with pytest.raises(pagedattn.Error, match="layers.0.attn") as e:
+        ctx.metadata_for(owner)
+    assert e.value.argument == "attn_metadata"
+    ctx.attn_metadata = {"layers.0.attn": md, "layers.1.attn": md}
+    with pytest.raises(pagedattn.Error) as e:
+        ctx.kv_cache_for(sharer)  # names both layers
+    assert e.value.argument == "kv_caches"
+    assert "layers.0.attn" in str(e.value) and "layers.1.attn" in str(e.value)
+    ctx.kv_caches["layers.0.attn"] = cache
+    assert ctx.metadata_for(sharer) is md and ctx.kv_cache_for(sharer) is cache
+    k, v = batch.new_kv()
+    query = rng.standard_normal((4, 4, 32), dtype=np.float32)
+    out = ctx.forward(owner, query, k, v)
+    before = cache.copy()
+    shared_out, lse = ctx.forward(sharer, query, None, None, return_lse=True)
+    np.testing.assert_array_equal(cache, before)  # the sharing layer wrote nothing
+    np.testing.assert_allclose(shared_out, out, rtol=0, atol=0)
+    assert lse.shape == (4, 4)

@@ -284,9 +284,13 @@ def test_kv_sharing_layer_reads_the_target_cache(fw, rng):
     d = dims_of(fw)
     dtype = exact_dtype(fw)
     weight = kv_b_proj_weight(rng, d)
-    first = make_mla_layer(fw, dtype, d, weight, prefix="layers.0.attn")
+    model = pagedattn.StaticForwardContext()
+    first = make_mla_layer(fw, dtype, d, weight, prefix="layers.0.attn",
+                           static_forward_context=model)
     second = make_mla_layer(fw, dtype, d, weight, prefix="layers.1.attn",
-                            kv_sharing_target_layer_name="layers.0.attn")
+                            kv_sharing_target_layer_name="layers.0.attn",
+                            static_forward_context=model)
+    assert model["layers.1.attn"].use_mla
     step = MLAStep(fw, rng, first, query_lens=[1, 4], context_lens=[20, 0])
     cache = step.cache()
     md = first.metadata_builder().build(step.common())

@@ -7,7 +7,8 @@
 // kv_cache_spec() and allocate_kv_cache() throw Error naming "attn_type" for them; callers that
 // walk every layer skip them with uses_kv_cache(layer.params().attn_type) (as vLLM's model
 // runner skips encoder-only layers). A kv-sharing layer reports the spec of the cache it reads
-// (equal to its target's); the caller does not allocate a cache for it.
+// (equal to its target's); the caller does not allocate a cache for it. Such a layer is created
+// with the model's StaticForwardContext (layer.h), which checks its target when it is created.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -119,14 +120,33 @@ AttentionImplParams make_impl_params(const AttentionLayerParams& p) {
 
 }  // namespace
 
-Attention::Attention(AttentionLayerParams params) : params_(std::move(params)) {
+Attention::Attention(AttentionLayerParams params, StaticForwardContext* static_forward_context)
+    : params_(std::move(params)) {
   validate_layer_params(params_);
   if (!params_.scale) params_.scale = 1.f / std::sqrt(static_cast<float>(params_.head_size));
   if (!params_.num_kv_heads) params_.num_kv_heads = params_.num_heads;
+  // vLLM validates the sharing target against the static forward context of the layers created
+  // so far; a layer is registered only once it is fully constructed (a rejected one leaves the
+  // context unchanged).
+  PAGEDATTN_CHECK(static_forward_context != nullptr || !params_.kv_sharing_target_layer_name,
+                  "kv_sharing_target_layer_name", "Attention '", params_.prefix,
+                  "': kv_sharing_target_layer_name = '",
+                  params_.kv_sharing_target_layer_name.value_or(""),
+                  "' needs the StaticForwardContext that holds that layer (pass it to the "
+                  "constructor): the target is checked against the layers created before this one");
+  std::optional<StaticForwardContext::Layer> entry;
+  if (static_forward_context != nullptr) {
+    entry = StaticForwardContext::Layer{
+        params_.prefix, false, params_.attn_type, params_.device,
+        uses_kv_cache(params_.attn_type) ? std::optional<KVCacheSpec>(kv_cache_spec()) : std::nullopt,
+        params_.kv_sharing_target_layer_name};
+    static_forward_context->check(*entry);
+  }
   backend_ = &get_attn_backend(selector_config(), params_.backend);
   impl_ = backend_->make_impl(make_impl_params(params_));
   PAGEDATTN_CHECK(impl_ != nullptr, "backend", "Attention '", params_.prefix, "': backend ",
                   backend_->name(), " returned no impl");
+  if (entry) static_forward_context->add(std::move(*entry));
 }
 
 SelectorConfig Attention::selector_config() const {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "pagedattn/error.h"
+#include "pagedattn/layer.h"
 #include "pagedattn/mla.h"
 #include "pagedattn/selector.h"
 
@@ -48,10 +49,27 @@ void validate_mla_layer_params(const MLAAttentionLayerParams& p) {
 
 }  // namespace
 
-MLAAttention::MLAAttention(MLAAttentionLayerParams params) : params_(std::move(params)) {
+MLAAttention::MLAAttention(MLAAttentionLayerParams params,
+                           StaticForwardContext* static_forward_context)
+    : params_(std::move(params)) {
   validate_mla_layer_params(params_);
   if (!params_.scale) {
     params_.scale = 1.f / std::sqrt(static_cast<float>(params_.qk_head_dim));
+  }
+  // As Attention: the sharing target is checked against the layers created so far, and the
+  // layer is registered once fully constructed.
+  PAGEDATTN_CHECK(static_forward_context != nullptr || !params_.kv_sharing_target_layer_name,
+                  "kv_sharing_target_layer_name", "MLAAttention '", params_.prefix,
+                  "': kv_sharing_target_layer_name = '",
+                  params_.kv_sharing_target_layer_name.value_or(""),
+                  "' needs the StaticForwardContext that holds that layer (pass it to the "
+                  "constructor): the target is checked against the layers created before this one");
+  std::optional<StaticForwardContext::Layer> entry;
+  if (static_forward_context != nullptr) {
+    entry = StaticForwardContext::Layer{params_.prefix, true, AttentionType::decoder,
+                                        params_.device, kv_cache_spec(),
+                                        params_.kv_sharing_target_layer_name};
+    static_forward_context->check(*entry);
   }
   backend_ = &get_attn_backend(selector_config(), params_.backend);
   const MLABackend* mla = backend_->as_mla();
@@ -72,6 +90,7 @@ MLAAttention::MLAAttention(MLAAttentionLayerParams params) : params_(std::move(p
   impl_ = mla->make_mla_impl(ip);
   PAGEDATTN_CHECK(impl_ != nullptr, "backend", "MLAAttention '", params_.prefix, "': backend ",
                   backend_->name(), " returned no impl");
+  if (entry) static_forward_context->add(std::move(*entry));
 }
 
 SelectorConfig MLAAttention::selector_config() const {

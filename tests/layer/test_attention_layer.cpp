@@ -1,15 +1,18 @@
 // The Attention layer without running attention: parameter validation (one error per
 // argument), scale default, backend selection, KV-cache specs, cache allocation, selector /
-// builder configs, get_per_layer_parameters + infer_global_hyperparameters.
+// builder configs, get_per_layer_parameters + infer_global_hyperparameters, and the
+// StaticForwardContext's checks of kv_sharing_target_layer_name.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "pagedattn/error.h"
 #include "pagedattn/layer.h"
+#include "pagedattn/mla.h"
 #include "pagedattn/selector.h"
 
 namespace pagedattn {
@@ -268,6 +271,135 @@ TEST(PerLayerParameters, CollectAndInferGlobal) {
   }
   EXPECT_THROW((void)get_per_layer_parameters({&la, nullptr}), Error);
   EXPECT_THROW((void)get_per_layer_parameters({&la, &la}), Error);
+}
+
+// ---- StaticForwardContext: registration and kv_sharing_target_layer_name ------------------
+
+// Constructing `p` in `model` throws an Error naming `argument` whose message holds every one
+// of `words`; the context is left as it was.
+void expect_context_error(StaticForwardContext& model, const AttentionLayerParams& p,
+                          const std::string& argument, const std::vector<std::string>& words) {
+  const size_t before = model.layers().size();
+  try {
+    Attention layer(p, &model);
+    ADD_FAILURE() << "expected an Error naming '" << argument << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    for (const std::string& word : words) {
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << word << " in " << e.what();
+    }
+  }
+  EXPECT_EQ(model.layers().size(), before);
+}
+
+AttentionLayerParams sharer_of(const std::string& name, const std::string& target) {
+  AttentionLayerParams p = valid_params(name);
+  p.backend = "REFERENCE";
+  p.kv_sharing_target_layer_name = target;
+  return p;
+}
+
+TEST(StaticForwardContext, RegistersLayersAndRejectsDuplicateNames) {
+  StaticForwardContext model;
+  AttentionLayerParams p = valid_params("model.layers.0.attn");
+  p.backend = "REFERENCE";
+  const Attention first(p, &model);
+  AttentionLayerParams encoder = valid_params("model.layers.1.attn");
+  encoder.attn_type = AttentionType::encoder_only;
+  const Attention second(encoder, &model);
+  ASSERT_EQ(model.layers().size(), 2u);
+  EXPECT_EQ(model.layers()[0].name, "model.layers.0.attn");
+  ASSERT_NE(model.find("model.layers.0.attn"), nullptr);
+  EXPECT_EQ(*model.find("model.layers.0.attn")->kv_cache_spec, first.kv_cache_spec());
+  EXPECT_FALSE(model.find("model.layers.1.attn")->kv_cache_spec.has_value());
+  EXPECT_EQ(model.find("nope"), nullptr);
+  expect_context_error(model, p, "prefix", {"model.layers.0.attn", "already"});
+  expect_context_error(model, valid_params(""), "prefix", {"prefix is empty"});
+  // A layer the selector rejects is not registered either.
+  AttentionLayerParams bad_backend = valid_params("model.layers.2.attn");
+  bad_backend.backend = "NO_SUCH_BACKEND";
+  expect_context_error(model, bad_backend, "backend", {});
+}
+
+TEST(StaticForwardContext, KvSharingTargetIsAnEarlierLayerWithTheSameSpec) {
+  StaticForwardContext model;
+  AttentionLayerParams owner = valid_params("model.layers.0.attn");
+  owner.backend = "REFERENCE";
+  const Attention layer0(owner, &model);
+  const Attention layer1(sharer_of("model.layers.1.attn", "model.layers.0.attn"), &model);
+  EXPECT_EQ(layer1.kv_cache_spec(), layer0.kv_cache_spec());
+  EXPECT_EQ(model.layers().size(), 2u);
+
+  // Without the context the target cannot be checked: an Error, as in vLLM.
+  try {
+    Attention loose(sharer_of("model.layers.5.attn", "model.layers.0.attn"));
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "kv_sharing_target_layer_name");
+    EXPECT_NE(std::string(e.what()).find("StaticForwardContext"), std::string::npos) << e.what();
+  }
+  // Later (by layer index) and unknown targets.
+  expect_context_error(model, sharer_of("model.layers.2.attn", "model.layers.3.attn"),
+                       "kv_sharing_target_layer_name",
+                       {"model.layers.2.attn", "model.layers.3.attn", "earlier layer"});
+  expect_context_error(model, sharer_of("model.layers.2.attn", "lm_head.attn"),
+                       "kv_sharing_target_layer_name",
+                       {"model.layers.2.attn", "lm_head.attn", "'model.layers.0.attn'"});
+  // A target that shares itself: name its target instead.
+  expect_context_error(model, sharer_of("model.layers.2.attn", "model.layers.1.attn"),
+                       "kv_sharing_target_layer_name",
+                       {"model.layers.2.attn", "model.layers.1.attn", "model.layers.0.attn"});
+  // Spec differences, each named.
+  AttentionLayerParams head = sharer_of("model.layers.2.attn", "model.layers.0.attn");
+  head.head_size = 64;
+  expect_context_error(model, head, "kv_sharing_target_layer_name",
+                       {"model.layers.0.attn", "model.layers.2.attn", "head_size 32 vs 64"});
+  AttentionLayerParams heads = sharer_of("model.layers.2.attn", "model.layers.0.attn");
+  heads.num_kv_heads = 4;
+  heads.block_size = 32;
+  expect_context_error(model, heads, "kv_sharing_target_layer_name",
+                       {"num_kv_heads 2 vs 4", "block_size 16 vs 32"});
+  AttentionLayerParams window = sharer_of("model.layers.2.attn", "model.layers.0.attn");
+  window.sliding_window = 128;
+  expect_context_error(model, window, "kv_sharing_target_layer_name",
+                       {"kind full_attention vs sliding_window", "sliding_window 0 vs 128"});
+  AttentionLayerParams fp8 = sharer_of("model.layers.2.attn", "model.layers.0.attn");
+  fp8.kv_cache_dtype = "fp8";
+  expect_context_error(model, fp8, "kv_sharing_target_layer_name", {"dtype float32 vs fp8_e4m3"});
+  AttentionLayerParams cross = sharer_of("model.layers.2.attn", "model.layers.0.attn");
+  cross.attn_type = AttentionType::encoder_decoder;
+  expect_context_error(model, cross, "kv_sharing_target_layer_name",
+                       {"attn_type=decoder", "attn_type=encoder_decoder"});
+  AttentionLayerParams cuda = sharer_of("model.layers.2.attn", "model.layers.0.attn");
+  cuda.device = Device::cuda;
+  expect_context_error(model, cuda, "kv_sharing_target_layer_name", {"on cpu", "on cuda"});
+  // An MLA layer cannot read a standard layer's cache (nor the other way round).
+  MLAAttentionLayerParams mla;
+  mla.num_heads = 2;
+  mla.kv_lora_rank = 32;
+  mla.qk_nope_head_dim = 16;
+  mla.qk_rope_head_dim = 16;
+  mla.qk_head_dim = 32;
+  mla.v_head_dim = 16;
+  mla.block_size = 16;
+  mla.dtype = DType::f32;
+  mla.backend = "REFERENCE_MLA";
+  mla.prefix = "model.layers.2.mla";
+  mla.kv_sharing_target_layer_name = "model.layers.0.attn";
+  try {
+    MLAAttention layer(mla, &model);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "kv_sharing_target_layer_name");
+    EXPECT_NE(std::string(e.what()).find("an MLA layer"), std::string::npos) << e.what();
+  }
+  mla.kv_sharing_target_layer_name.reset();
+  const MLAAttention mla_owner(mla, &model);
+  mla.prefix = "model.layers.3.mla";
+  mla.kv_sharing_target_layer_name = "model.layers.2.mla";
+  const MLAAttention mla_sharer(mla, &model);
+  EXPECT_EQ(model.layers().size(), 4u);
+  EXPECT_TRUE(model.find("model.layers.3.mla")->use_mla);
 }
 
 }  // namespace

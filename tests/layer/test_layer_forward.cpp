@@ -303,10 +303,11 @@ AttentionLayerParams small_params(const std::string& name) {
 
 TEST(ForwardContext, LookupsAndKvSharingNeverWrites) {
   const std::string owner_name = "model.layers.0.attn", sharer_name = "model.layers.1.attn";
-  Attention owner(small_params(owner_name));
+  StaticForwardContext model;
+  Attention owner(small_params(owner_name), &model);
   AttentionLayerParams sp = small_params(sharer_name);
   sp.kv_sharing_target_layer_name = owner_name;
-  Attention sharer(sp);
+  Attention sharer(sp, &model);
   std::mt19937 rng(11);
   Tensor cache = owner.allocate_kv_cache(kNumBlocks);
   cache.fill_bytes(0x11);
