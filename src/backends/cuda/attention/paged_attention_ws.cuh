@@ -422,7 +422,15 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   for (int ks = 0; ks < W::kPvSteps; ++ks) pa[ks][0] = pa[ks][1] = pa[ks][2] = pa[ks][3] = 0u;
   float s[W::kScoreTiles][4];
   const bool general = p.soft_cap > 0.f || p.alibi_slopes != nullptr;
-  const uint64_t q_desc = wgmma::smem_desc(q_smem, 16, 1024);
+  // wgmma descriptors of Q and of a stage's K and V tiles, built where they are issued: their
+  // start words are broadcast from lane 0 (wgmma::uniform_desc), so a tile's wgmma step them with
+  // uniform-register adds (a descriptor kept across the loop lands in ordinary registers, and
+  // each wgmma then waits for moves to uniform ones: docs/perf/cuda.md).
+  auto q_desc = [&] { return wgmma::uniform_desc(q_smem, 16, 1024); };
+  auto k_desc = [&](int stage) { return wgmma::uniform_desc(stages + stage * W::kStageBytes, 16, 1024); };
+  auto v_desc = [&](int stage) {
+    return wgmma::uniform_desc(stages + stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024);
+  };
 
   mbar::wait(bars.q_full(qb), q_phase);
   __syncwarp();
@@ -462,8 +470,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::fence_async_smem();
       wgmma::reg_fence(o);
       wgmma::fence();
-      const char* stage = stages + ring.stage * W::kStageBytes;
-      issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stage, 16, 1024));
+      issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(ring.stage));
       wgmma::wait<0>();
       wgmma::reg_fence(s);
       if (t != merge_tile) sync.release_k(ring.stage);  // merge_tile: after the merge
@@ -478,7 +485,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
-      issue_pv<D, T>(o, pa, wgmma::smem_desc(stage + W::kKvTileBytes, W::kKeys * 128, 1024));
+      issue_pv<D, T>(o, pa, v_desc(ring.stage));
       wgmma::wait<0>();
       wgmma::reg_fence(o);
       wgmma::reg_fence(pa);
@@ -491,7 +498,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       __syncwarp();
       wgmma::fence_async_smem();
       wgmma::fence();
-      issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stages + ring.stage * W::kStageBytes, 16, 1024));
+      issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(ring.stage));
       wgmma::wait<0>();
       wgmma::reg_fence(s);
       sync.release_k(ring.stage);  // K_0 read
@@ -514,9 +521,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
-      issue_scores<D, T, W::kKeys>(s, q_desc, wgmma::smem_desc(stages + nxt.stage * W::kStageBytes, 16, 1024));
-      issue_pv<D, T>(o, pa,
-                        wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
+      issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(nxt.stage));
+      issue_pv<D, T>(o, pa, v_desc(ring.stage));
       wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
       wgmma::reg_fence(s);
       sync.release_k(nxt.stage);  // K_{t+1} read
@@ -536,8 +542,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
-      issue_pv<D, T>(o, pa,
-                        wgmma::smem_desc(stages + ring.stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024));
+      issue_pv<D, T>(o, pa, v_desc(ring.stage));
       wgmma::wait<0>();
       wgmma::reg_fence(o);
       sync.release_v(ring.stage);

@@ -151,18 +151,18 @@ struct WgmmaKvRows {
 // (the wgmma path) or 128 (the warp-specialized kernel). Descriptors of the two tiles' starts; step
 // kk moves 32 bytes inside a 128-byte row, 4 steps to the next column block (64 rows apart in Q,
 // NK in K).
-template <int D, typename T, int NK = 64>
-__device__ __forceinline__ void issue_scores(float (&s)[NK / 8][4], uint64_t q_desc, uint64_t k_desc) {
+template <int D, typename T, int NK = 64, typename Desc>
+__device__ __forceinline__ void issue_scores(float (&s)[NK / 8][4], Desc q_desc, Desc k_desc) {
   static_assert(NK == 64 || NK == 128);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    const uint64_t qs = static_cast<uint64_t>(((kk >> 2) * (64 * 128) + (kk & 3) * 32) >> 4);
-    const uint64_t ks = static_cast<uint64_t>(((kk >> 2) * (NK * 128) + (kk & 3) * 32) >> 4);
+    const uint32_t qs = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+    const uint32_t ks = (kk >> 2) * (NK * 128) + (kk & 3) * 32;
     if constexpr (NK == 64) {
-      wgmma::Ops<T>::ss_n64(s, q_desc + qs, k_desc + ks, kk > 0 ? 1 : 0);
+      wgmma::Ops<T>::ss_n64(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
     } else {
-      wgmma::Ops<T>::ss_n128(s, q_desc + qs, k_desc + ks, kk > 0 ? 1 : 0);
+      wgmma::Ops<T>::ss_n128(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
     }
   }
   wgmma::commit();
@@ -171,12 +171,12 @@ __device__ __forceinline__ void issue_scores(float (&s)[NK / 8][4], uint64_t q_d
 
 // O_h (64 x D) += P_h (64 x 16 KS keys, registers) . V (16 KS keys x D, N-major), issued (not
 // waited for); step ks moves 16 keys (2048 bytes).
-template <int D, typename T, int KS>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[KS][4], uint64_t v_desc) {
+template <int D, typename T, int KS, typename Desc>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[KS][4], Desc v_desc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
-    wgmma::Ops<T>::template rs_tb<D>(o, pa[ks], v_desc + static_cast<uint64_t>((ks * 16 * 128) >> 4));
+    wgmma::Ops<T>::template rs_tb<D>(o, pa[ks], wgmma::desc_at(v_desc, ks * 16 * 128));
   }
   wgmma::commit();
 #endif

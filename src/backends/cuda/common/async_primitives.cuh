@@ -52,6 +52,31 @@ __device__ __forceinline__ uint64_t smem_desc(const void* ptr, uint32_t lbo, uin
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
          (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
 }
+// The same descriptor as its two 32-bit words: `lo` holds the start address (>> 4) and the
+// leading byte offset, `hi` the stride byte offset and the swizzle mode. A k-step moves the start
+// only, so at(bytes) is one 32-bit add to lo (shared addresses stay below 2^18: no carry out of
+// the 14-bit start field).
+struct SmemDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
+    return (static_cast<uint64_t>(hi) << 32) | (lo + (bytes >> 4));
+  }
+};
+// A descriptor whose start word is broadcast from lane 0 (the warp's lanes must be converged):
+// the compiler then knows it is warp-uniform and keeps it, and the per-step adds, in the uniform
+// registers that wgmma reads its descriptors from, instead of 64-bit adds in ordinary registers
+// and a register-to-uniform move before every wgmma. The shuffle is volatile so that it stays
+// where it is called: hoisted out of a loop, its result would be kept in ordinary registers again.
+__device__ __forceinline__ SmemDesc uniform_desc(const void* ptr, uint32_t lbo, uint32_t sbo) {
+  const uint64_t d = smem_desc(ptr, lbo, sbo);
+  uint32_t lo;
+  asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;\n" : "=r"(lo) : "r"(static_cast<uint32_t>(d)));
+  return SmemDesc{lo, static_cast<uint32_t>(d >> 32)};
+}
+// Descriptor `bytes` past d's start (either form).
+__device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
+__device__ __forceinline__ uint64_t desc_at(const SmemDesc& d, uint32_t bytes) { return d.at(bytes); }
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
