@@ -161,6 +161,13 @@ struct AttentionMetadata {
 class AttentionMetadataBuilder {
  public:
   virtual ~AttentionMetadataBuilder() = default;
+  // Plans one step. common_prefix_len (>= 0): tokens every request shares; a builder that
+  // supports cascade takes the cascade path when it is > 0 and allowed (see each backend).
+  // fast_build (vLLM: "prioritize speed of building over speed at execution", for plans used by
+  // a few layers or steps, e.g. speculative drafting): every builder then skips the cascade
+  // decision (common_prefix_len is checked >= 0 and otherwise ignored) and any search for a
+  // split-KV partition (fixed defaults: no split, items in batch order). The plan computes the
+  // same attention; only its speed may differ.
   virtual std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
                                                          const CommonAttentionMetadata& common,
                                                          bool fast_build = false) = 0;
@@ -168,6 +175,12 @@ class AttentionMetadataBuilder {
       const CommonAttentionMetadata& common) {
     return build(0, common);
   }
+  // vLLM build_for_drafting: the plan of one draft step of a speculative (drafting) model, which
+  // builds a plan at every draft step, so it must be cheap. draft_index (>= 0, else Error naming
+  // it): which draft step of a chain (or level of a token tree) this is. As vLLM's default:
+  // build(0, common, fast_build = true) -- no cascade decision, no split-KV search.
+  virtual std::shared_ptr<const AttentionMetadata> build_for_drafting(
+      const CommonAttentionMetadata& common, int draft_index);
   virtual bool can_run_in_cudagraph(const CommonAttentionMetadata& /*common*/) const { return false; }
   virtual CudaGraphSupport cudagraph_support() const { return CudaGraphSupport::never; }
   // Default: the FlashAttention heuristic (pagedattn::use_cascade_attention) when the backend

@@ -10,6 +10,7 @@ Main entry points:
     MLAAttention(num_heads, scale, ..., kv_b_proj)     an MLA (DeepSeek latent attention) layer
     CommonAttentionMetadata(query_start_loc, ...)      one step's batch
     Attention.metadata_builder().build(common)         a backend's plan for the step
+      .build_for_drafting(common, draft_index)         a cheap plan for a draft step
     StaticForwardContext(), ForwardContext(...)        layers by name; a step's plans and caches
     get_per_layer_parameters, infer_global_hyperparameters   per-layer plan hyperparameters
     get_attn_backend(...), list_backends()             the selector and the registry

@@ -231,7 +231,24 @@ void bind_backend(nb::module_& m) {
           nb::keep_alive<0, 2>(),
           "Plans one step: splits decodes/prefills, partitions the KV, decides cascade. "
           "common_prefix_len: tokens every request shares (0 = none); fast_build: favour build "
-          "speed over run speed (vLLM's flag).")
+          "speed over run speed (vLLM's flag): no cascade decision and no split-KV search, the "
+          "same attention results.")
+      .def(
+          "build_for_drafting",
+          [](PyBuilder& b, PyCommonAttentionMetadata& common, int draft_index) {
+            const CommonAttentionMetadata& c = common.on(b.device);
+            std::shared_ptr<const AttentionMetadata> md;
+            {
+              nb::gil_scoped_release release;
+              md = b.builder->build_for_drafting(c, draft_index);
+            }
+            return wrap_metadata(std::move(md), b.device);
+          },
+          "common"_a, "draft_index"_a, nb::keep_alive<0, 1>(), nb::keep_alive<0, 2>(),
+          "The plan of one draft step of a speculative (drafting) model (vLLM's "
+          "build_for_drafting): build(common, common_prefix_len=0, fast_build=True), cheap "
+          "enough to run at every draft step. draft_index (>= 0): the draft step of a chain, or "
+          "the level of a token tree.")
       .def(
           "build_for_cudagraph_capture",
           [](PyBuilder& b, PyCommonAttentionMetadata& common) {

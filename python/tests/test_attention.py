@@ -386,6 +386,27 @@ def test_metadata_built_once_serves_every_layer_of_the_group(rng):
 
 
 
+@pytest.mark.parametrize("backend", ["CPU", "REFERENCE"])
+def test_build_for_drafting_and_fast_build_match_build(rng, backend):
+    layer = pagedattn.Attention(4, 32, None, num_kv_heads=2, dtype="float32", backend=backend)
+    batch = make_batch(rng, [1, 2, 1], [700, 300, 40], 16, 2, 32)
+    cache = layer.allocate_kv_cache(batch.num_blocks)
+    fill_context(batch, cache, 32, 32)
+    builder = layer.metadata_builder()
+    k, v = batch.new_kv()
+    query = rng.standard_normal((4, 4, 32), dtype=np.float32)
+    plans = [builder.build(batch.common()), builder.build(batch.common(), fast_build=True),
+             builder.build_for_drafting(batch.common(), draft_index=2)]
+    outs = [layer.forward(query, k, v, cache, md) for md in plans]
+    for out in outs[1:]:
+        assert rel_err(out, outs[0]) <= TOLERANCE["float32"]
+    ref, _ = reference_forward(batch, query, cache, oracle_args(layer), 32)
+    assert rel_err(outs[0], ref) <= TOLERANCE["float32"]
+    with pytest.raises(pagedattn.Error, match="draft_index = -1") as e:
+        builder.build_for_drafting(batch.common(), -1)
+    assert e.value.argument == "draft_index"
+
+
 def test_forward_context_runs_each_layer_with_its_plan_and_cache(rng):
     model = pagedattn.StaticForwardContext()
     owner = pagedattn.Attention(4, 32, None, num_kv_heads=2, prefix="layers.0.attn",

@@ -1,7 +1,7 @@
 // Defaults of the backend interface (include/pagedattn/backend.h): the standard cache shape and
 // stride order, cache allocation, make_builder (the local-attention builder for chunked local
 // specs, the backend's own builder otherwise), and the builder defaults (cascade heuristic,
-// batch reorder).
+// drafting build, batch reorder).
 #include <algorithm>
 #include <optional>
 #include <span>
@@ -82,6 +82,15 @@ bool AttentionMetadataBuilder::use_cascade_attention(int common_prefix_len,
   return pagedattn::use_cascade_attention(common_prefix_len, query_lens, num_query_heads,
                                           num_kv_heads, use_alibi, use_sliding_window,
                                           use_local_attention, num_sms);
+}
+
+std::shared_ptr<const AttentionMetadata> AttentionMetadataBuilder::build_for_drafting(
+    const CommonAttentionMetadata& common, int draft_index) {
+  PAGEDATTN_CHECK(draft_index >= 0, "draft_index", "build_for_drafting: draft_index = ",
+                  draft_index, " must be >= 0 (the draft step, or token-tree level, of this plan)");
+  // vLLM's default: build(common_prefix_len=0, common, fast_build=True). Every draft step of a
+  // chain has the same shape of work, so no builder needs to know which one it is.
+  return build(0, common, /*fast_build=*/true);
 }
 
 std::optional<BatchReorder> AttentionMetadataBuilder::reorder_batch(

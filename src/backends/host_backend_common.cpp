@@ -11,9 +11,19 @@
 
 namespace pagedattn::host {
 namespace {
-int64_t read_index(const TensorView& t, int64_t i) {  // i32 or i64 (validated), host
-  const int64_t at = i * t.stride(0);
-  return t.dtype() == DType::i64 ? t.data_as<const int64_t>()[at] : t.data_as<const int32_t>()[at];
+// Elements [0, n) of a 1-D i32 or i64 host tensor (validated) into `out`; the stride is read
+// once (a TensorView::stride() call per element costs more than the copy).
+template <typename T>
+void read_indices(const TensorView& t, int64_t n, T* out) {
+  if (n <= 0) return;
+  const int64_t stride = t.stride(0);
+  if (t.dtype() == DType::i64) {
+    const int64_t* src = t.data_as<const int64_t>();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(src[i * stride]);
+  } else {
+    const int32_t* src = t.data_as<const int32_t>();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(src[i * stride]);
+  }
 }
 
 constexpr const char* kKvCacheDtypes[] = {"auto",     "fp8",     "fp8_e4m3", "fp8_e5m2",
@@ -150,7 +160,7 @@ void write_step_kv_cache(const AttentionImplParams& params, const LayerScales& s
 
 void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
                           const CommonAttentionMetadata& common, const KVCacheSpec& spec,
-                          const BuilderConfig& config, std::string_view who) {
+                          const BuilderConfig& config, std::string_view who, bool fast_build) {
   PAGEDATTN_CHECK(common_prefix_len >= 0, "common_prefix_len", who,
                   "common_prefix_len = ", common_prefix_len, " must be >= 0");
   common.validate(-1, spec.block_size);
@@ -183,10 +193,8 @@ void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
   plan.max_seq_len = common.max_seq_len;
   plan.query_start_loc.resize(static_cast<size_t>(num_reqs) + 1);
   plan.seq_lens.resize(static_cast<size_t>(num_reqs));
-  for (int r = 0; r <= num_reqs; ++r)
-    plan.query_start_loc[r] = static_cast<int32_t>(read_index(common.query_start_loc_cpu, r));
-  for (int r = 0; r < num_reqs; ++r)
-    plan.seq_lens[r] = static_cast<int32_t>(read_index(common.seq_lens_cpu, r));
+  read_indices(common.query_start_loc_cpu, num_reqs + 1, plan.query_start_loc.data());
+  read_indices(common.seq_lens_cpu, num_reqs, plan.seq_lens.data());
 
   if (!uses_kv_cache(type)) {
     for (int r = 0; r < num_reqs; ++r) {
@@ -205,10 +213,16 @@ void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
     plan.block_table_cols = cols;
     plan.block_table.resize(static_cast<size_t>(num_reqs) * cols);
     const int32_t* base = bt.data_as<const int32_t>();
+    const int64_t row_stride = bt.stride(0), col_stride = bt.stride(1);  // hoisted: per-element
+                                                                        // stride() calls cost
+                                                                        // more than the copy
     for (int r = 0; r < num_reqs; ++r) {
-      for (int c = 0; c < cols; ++c) {
-        plan.block_table[static_cast<size_t>(r) * cols + c] =
-            base[r * bt.stride(0) + c * bt.stride(1)];
+      int32_t* dst = plan.block_table.data() + static_cast<size_t>(r) * cols;
+      const int32_t* src = base + r * row_stride;
+      if (col_stride == 1) {
+        std::copy(src, src + cols, dst);
+      } else {
+        for (int c = 0; c < cols; ++c) dst[c] = src[c * col_stride];
       }
     }
     plan.cache_footprint = kv_cache_footprint(common, spec.block_size);
@@ -218,12 +232,12 @@ void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
                                                                    : common.num_actual_tokens;
   plan.slot_mapping_storage = Tensor(Shape{num_slots}, DType::i64, Device::cpu);
   int64_t* slots = plan.slot_mapping_storage.data_as<int64_t>();
-  for (int64_t i = 0; i < num_slots; ++i) slots[i] = read_index(common.slot_mapping, i);
+  read_indices(common.slot_mapping, num_slots, slots);
   plan.slot_mapping = plan.slot_mapping_storage.view();
 
   const bool cascade_allowed = type == AttentionType::decoder && plan.causal &&
                                !config.sliding_window && !config.use_alibi && num_reqs > 0;
-  if (common_prefix_len > 0 && cascade_allowed) {
+  if (common_prefix_len > 0 && cascade_allowed && !fast_build) {
     PAGEDATTN_CHECK(common_prefix_len % spec.block_size == 0, "common_prefix_len", who,
                     "common_prefix_len = ", common_prefix_len,
                     " must be a multiple of block_size = ", spec.block_size);

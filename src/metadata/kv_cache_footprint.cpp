@@ -5,6 +5,7 @@
 // the cache write, so its ids must be known to fit before the write starts.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include "metadata/host_read.h"
@@ -15,7 +16,6 @@ namespace pagedattn {
 
 using metadata_detail::cdiv;
 using metadata_detail::read_i32;
-using metadata_detail::read_i64;
 
 namespace {
 
@@ -44,22 +44,46 @@ KVCacheFootprint kv_cache_footprint(const CommonAttentionMetadata& common, int b
   KVCacheFootprint f;
   f.scanned = true;
   const int64_t cols = table.size(1);
+  // Strides hoisted out of the loops (a TensorView::stride() call per element costs more than
+  // the scan itself).
+  const int32_t* table_data = table.data_as<const int32_t>();
+  const int64_t row_stride = table.stride(0), col_stride = table.stride(1);
   for (int r = 0; r < common.num_reqs; ++r) {
     const int64_t used = std::min(cdiv(read_i32(common.seq_lens_cpu, r), block_size), cols);
-    for (int64_t c = 0; c < used; ++c) {
-      const int32_t id = read_i32(table, r, c);
-      PAGEDATTN_CHECK(id >= 0, "block_table_tensor", "common_attn_metadata: block_table_tensor[", r,
-                      "][", c, "] = ", id, " is out of range: expected a block id >= 0 (request ",
-                      r, " reads its first ", used, " columns)");
-      if (id > f.max_block) {
-        f.max_block = id;
-        f.max_block_req = r;
-        f.max_block_col = c;
+    const int32_t* row = table_data + r * row_stride;
+    // The row's min and max first (a branch-free pass the compiler vectorizes for a contiguous
+    // row); the positions are looked up only for a negative id or a new maximum.
+    int32_t row_min = std::numeric_limits<int32_t>::max(), row_max = -1;
+    if (col_stride == 1) {
+      for (int64_t c = 0; c < used; ++c) {
+        row_min = std::min(row_min, row[c]);
+        row_max = std::max(row_max, row[c]);
+      }
+    } else {
+      for (int64_t c = 0; c < used; ++c) {
+        row_min = std::min(row_min, row[c * col_stride]);
+        row_max = std::max(row_max, row[c * col_stride]);
+      }
+    }
+    if (row_min < 0 || row_max > f.max_block) {
+      for (int64_t c = 0; c < used; ++c) {
+        const int32_t id = row[c * col_stride];
+        PAGEDATTN_CHECK(id >= 0, "block_table_tensor", "common_attn_metadata: block_table_tensor[",
+                        r, "][", c, "] = ", id,
+                        " is out of range: expected a block id >= 0 (request ", r,
+                        " reads its first ", used, " columns)");
+        if (id > f.max_block) {
+          f.max_block = id;
+          f.max_block_req = r;
+          f.max_block_col = c;
+        }
       }
     }
   }
+  const int64_t* slot_data = slots.data_as<const int64_t>();
+  const int64_t slot_stride = slots.numel() > 0 ? slots.stride(0) : 1;
   for (int64_t i = 0; i < slots.size(0); ++i) {
-    const int64_t slot = read_i64(slots, i);
+    const int64_t slot = slot_data[i * slot_stride];
     PAGEDATTN_CHECK(slot >= -1, "slot_mapping", "common_attn_metadata: slot_mapping[", i, "] = ",
                     slot, " is negative: expected -1 (skip) or a slot >= 0");
     if (slot > f.max_slot) {

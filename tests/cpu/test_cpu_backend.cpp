@@ -188,7 +188,8 @@ struct PlanCase {
   std::optional<int> window;
 };
 
-std::shared_ptr<const CpuAttentionMetadata> make_plan(const PlanCase& p, size_t* workspace = nullptr) {
+std::shared_ptr<const CpuAttentionMetadata> make_plan(const PlanCase& p, size_t* workspace = nullptr,
+                                                      bool fast_build = false) {
   const int bs = 16;
   KVCacheSpec spec = KVCacheSpec::full_attention(bs, p.num_kv_heads, 64, DType::bf16);
   BuilderConfig config;
@@ -219,7 +220,7 @@ std::shared_ptr<const CpuAttentionMetadata> make_plan(const PlanCase& p, size_t*
   }
   args.slot_mapping.assign(args.query_start_loc.back(), -1);
   OwnedCommonAttentionMetadata owned = make_common_attention_metadata(args);
-  auto md = builder->build(p.prefix, owned.common);
+  auto md = builder->build(p.prefix, owned.common, fast_build);
   return std::dynamic_pointer_cast<const CpuAttentionMetadata>(md);
 }
 
@@ -367,6 +368,97 @@ TEST(CpuPlan, CascadeGroupsRequestsAndKeepsEveryRow) {
   }
   EXPECT_TRUE(grouped);
   expect_complete(*md);
+}
+
+// ---- fast_build / build_for_drafting -----------------------------------------------------------
+
+// fast_build: no cascade, no split-KV, no cost ordering; every row still written exactly once.
+TEST(CpuPlan, FastBuildSkipsCascadeAndSplitKv) {
+  PlanCase decode;  // split by the normal build (see above)
+  decode.query_lens = {1, 3};
+  decode.seq_lens = {4000, 300};
+  decode.threads = 4;
+  ASSERT_FALSE(make_plan(decode)->merges.empty());
+  auto md = make_plan(decode, nullptr, /*fast_build=*/true);
+  EXPECT_TRUE(md->merges.empty());
+  EXPECT_EQ(md->partial_rows_used, 0);
+  ASSERT_EQ(md->items.size(), 2u);  // one item per request: both kv heads fused
+  EXPECT_EQ(md->items[0].req_begin, 0);
+  EXPECT_EQ(md->items[1].req_begin, 1);
+  expect_complete(*md);
+
+  PlanCase cascade;
+  cascade.prefix = 64;
+  cascade.query_lens = {1, 1, 2, 90, 1, 0, 1};
+  cascade.seq_lens = {70, 80, 66, 200, 65, 64, 100};
+  ASSERT_TRUE(make_plan(cascade)->use_cascade);
+  md = make_plan(cascade, nullptr, /*fast_build=*/true);
+  EXPECT_FALSE(md->use_cascade);
+  EXPECT_EQ(md->common_prefix_len, 0);
+  for (const WorkItem& item : md->items) EXPECT_EQ(item.prefix_len, 0);
+  expect_complete(*md);
+}
+
+// The plans of build(fast_build = true) and build_for_drafting compute what build() computes,
+// within the dtype's tolerance (DESIGN.md §5), on random inputs: a cascade batch and a batch that
+// the normal CPU build splits along the keys (4 threads), on CPU and REFERENCE.
+TEST(FastBuild, SameResultsAsTheNormalBuild) {
+  const conformance::EnvGuard threads("PAGEDATTN_NUM_THREADS", "4");
+  for (const char* name : {"CPU", "REFERENCE"}) {
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      conformance::ConformanceCase cascade;
+      cascade.dtype = dtype;
+      cascade.head_size = 32;
+      cascade.num_heads = 4;
+      cascade.num_kv_heads = 2;
+      cascade.cascade_prefix = 32;
+      cascade.batch = {{40, 1}, {35, 1}, {50, 2}, {33, 1}, {64, 4}, {32, 1}, {47, 1}, {40, 3}};
+      conformance::ConformanceCase split = cascade;
+      split.cascade_prefix = 0;
+      split.batch = {{800, 1}, {530, 2}};
+      for (const conformance::ConformanceCase& c : {cascade, split}) {
+        SCOPED_TRACE(std::string(name) + " " + c.describe());
+        const AttentionBackend& backend = *find_backend(name);
+        const conformance::CaseInputs inputs = conformance::make_inputs(c, 7);
+        conformance::PreparedRun run = conformance::prepare_run(backend, Device::cpu, inputs);
+        EXPECT_EQ(run.step_metadata->use_cascade, c.cascade_prefix > 0);
+        conformance::execute(run);
+        const conformance::BackendOutputs normal = conformance::collect(run);
+        const CommonAttentionMetadata& common = run.step_common.common;
+        for (int variant = 0; variant < 2; ++variant) {
+          run.step_metadata = variant == 0 ? run.builder->build(c.cascade_prefix, common, true)
+                                           : run.builder->build_for_drafting(common, variant);
+          EXPECT_FALSE(run.step_metadata->use_cascade);
+          run.output.fill_bytes(0xFF);  // NaN: every row must be written again
+          conformance::execute(run);
+          const conformance::ConformanceResult r =
+              conformance::compare(inputs, conformance::collect(run), normal);
+          EXPECT_TRUE(r.passed()) << r.describe();
+          EXPECT_LE(r.output_rel_error, conformance::tolerance(c));
+        }
+      }
+    }
+  }
+}
+
+TEST(FastBuild, DraftIndexIsChecked) {
+  const KVCacheSpec spec = KVCacheSpec::full_attention(16, 2, 64, DType::bf16);
+  BuilderConfig config;
+  config.num_heads = 8;
+  config.num_kv_heads = 2;
+  auto builder = cpu_backend().make_builder(spec, config, Device::cpu);
+  const OwnedCommonAttentionMetadata owned =
+      make_common_attention_metadata({.query_start_loc = {0, 1}, .seq_lens = {10},
+                                      .block_table = {0}, .max_num_blocks_per_req = 1,
+                                      .slot_mapping = {9}});
+  try {
+    (void)builder->build_for_drafting(owned.common, -1);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "draft_index");
+    EXPECT_NE(std::string(e.what()).find("draft_index = -1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(builder->build_for_drafting(owned.common, 3)->num_actual_tokens, 1);
 }
 
 // ---- bad input -----------------------------------------------------------------------------------

@@ -160,11 +160,14 @@ class CountingBuilder final : public mla::MLACommonMetadataBuilder {
     int decode_partitions = 0;
   };
   int calls = 0;
+  bool last_fast_build = false;
 
  protected:
   std::shared_ptr<MLAMetadata> make_metadata() const override { return std::make_shared<Plan>(); }
-  void plan_decode(MLAMetadata& md, const CommonAttentionMetadata& common) override {
+  void plan_decode(MLAMetadata& md, const CommonAttentionMetadata& common,
+                   bool fast_build) override {
     ++calls;
+    last_fast_build = fast_build;
     EXPECT_EQ(md.num_decodes, common.num_reqs - md.num_prefills);
     dynamic_cast<Plan&>(md).decode_partitions = md.num_decodes * 2;
   }
@@ -179,6 +182,15 @@ TEST(MLAPlan, PlanDecodeRunsOnlyWithDecodes) {
   const auto md = builder.build(0, mixed.common);
   EXPECT_EQ(builder.calls, 1);
   EXPECT_EQ(dynamic_cast<const CountingBuilder::Plan&>(*md).decode_partitions, 4);
+  EXPECT_FALSE(builder.last_fast_build);
+  // fast_build reaches the backend's decode plan; build_for_drafting is a fast build.
+  builder.build(0, mixed.common, /*fast_build=*/true);
+  EXPECT_TRUE(builder.last_fast_build);
+  builder.build(0, mixed.common);
+  (void)builder.build_for_drafting(mixed.common, 2);
+  EXPECT_TRUE(builder.last_fast_build);
+  EXPECT_EQ(builder.calls, 4);
+  expect_error([&] { (void)builder.build_for_drafting(mixed.common, -1); }, "draft_index");
 }
 
 TEST(MLAPlan, BatchErrors) {

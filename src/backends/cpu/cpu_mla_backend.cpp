@@ -85,7 +85,7 @@ std::shared_ptr<CpuMlaDecodeWorkspace> make_mla_decode_workspace(int num_threads
   return ws;
 }
 
-void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& ws) {
+void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& ws, bool fast_build) {
   const int num_decodes = plan.num_decodes;
   const int heads = ws.num_heads;
   const int64_t dims = ws.head_size + ws.head_size_v;
@@ -97,7 +97,8 @@ void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& ws) {
   plan.partial_rows_used = 0;
   int64_t base_items = 0;
   for (int r = 0; r < num_decodes; ++r) base_items += qsl[r + 1] - qsl[r];
-  const bool split_kv = ws.num_threads > 1 && base_items > 0 && base_items < target_items;
+  const bool split_kv =
+      !fast_build && ws.num_threads > 1 && base_items > 0 && base_items < target_items;
   const int64_t want_splits = split_kv ? cdiv(target_items, base_items) : 1;
 
   auto item_for = [&](int r, int tok, int kb, int ke) {
@@ -146,6 +147,7 @@ void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& ws) {
       plan.items.push_back(item_for(r, tok, 0, seq_lens[r]));
     }
   }
+  if (fast_build) return;  // batch order (dynamic scheduling balances the threads)
   std::stable_sort(plan.items.begin(), plan.items.end(),
                    [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 }
@@ -245,7 +247,8 @@ class CpuMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     return plan;
   }
 
-  void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& common) override {
+  void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& common,
+                   bool fast_build) override {
     auto* plan = dynamic_cast<CpuMlaMetadata*>(&metadata);
     PAGEDATTN_CHECK(plan != nullptr, "metadata",
                     "CPU_MLA build: the plan is not a CpuMlaMetadata (make_metadata not used)");
@@ -273,7 +276,7 @@ class CpuMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
       }
     }
     plan->cpu_workspace = cpu_workspace_;
-    plan_mla_decode(*plan, *cpu_workspace_);
+    plan_mla_decode(*plan, *cpu_workspace_, fast_build);
   }
 
  private:

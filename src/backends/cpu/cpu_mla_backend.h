@@ -70,7 +70,9 @@ void run_latent_decode(const CpuMlaMetadata& plan, const TensorView& q_latent,
 
 // The decode items and merges of `num_decodes` requests with the given query token ranges and
 // key counts (exposed for tests): fills items / merges / partial_rows_used of `plan`.
-void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& workspace);
+// fast_build: one item per token in batch order (no split-KV, no cost ordering).
+void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& workspace,
+                     bool fast_build = false);
 
 }  // namespace cpu
 }  // namespace pagedattn

@@ -10,6 +10,9 @@
 //   cascade          (common_prefix_len > 0) consecutive requests are grouped (up to max_rows
 //                    rows): one item reads the shared prefix pages ONCE for all rows of its
 //                    group, then each request's own keys, with one online softmax per row.
+//   fast_build       (build_for_drafting) none of the above decisions: one item per (request,
+//                    q tile), its KV heads fused when they fit, in batch order; no cost model,
+//                    no split-KV, no cascade, no sort.
 // The workspace (per-thread scratch, partial rows) is sized once by the builder from
 // BuilderConfig, which allocates its first set of run buffers; a plan that would need more
 // partial rows than a set has splits less. Each forward leases a set (cpu_internal.h).
@@ -121,10 +124,10 @@ CpuMetadataBuilder::CpuMetadataBuilder(KVCacheSpec spec, BuilderConfig config)
 }
 
 std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
-    int common_prefix_len, const CommonAttentionMetadata& common, bool /*fast_build*/) {
+    int common_prefix_len, const CommonAttentionMetadata& common, bool fast_build) {
   const char* who = "CPU build: ";
   auto md = std::make_shared<CpuAttentionMetadata>();
-  host::fill_host_batch_plan(*md, common_prefix_len, common, spec_, config_, who);
+  host::fill_host_batch_plan(*md, common_prefix_len, common, spec_, config_, who, fast_build);
   const AttentionType type = config_.attn_type;
   const bool cached = uses_kv_cache(type);
   const int num_reqs = common.num_reqs;
@@ -218,6 +221,36 @@ std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
       }
       r = end;
     }
+  } else if (fast_build) {
+    // fast_build: the fixed default partition, in batch order, with no cost model, no split-KV
+    // search and no head fusion: one item per (request, q tile), all KV heads of it (fused) when
+    // its rows fit the scratch, else one per KV head. dynamic scheduling balances the threads.
+    for (int r = 0; r < num_reqs; ++r) {
+      const int q_first = md->query_start_loc[r];
+      const int q_end = md->query_start_loc[r + 1];
+      for (int t = q_first; t < q_end; t += tokens_per_tile) {
+        const int t_end = std::min(q_end, t + tokens_per_tile);
+        WorkItem item;
+        item.req_begin = r;
+        item.req_end = r + 1;
+        item.tok_begin = t;
+        item.tok_end = t_end;
+        item.kv_begin = 0;
+        item.kv_end = md->seq_lens[r];
+        item.prefix_len = 0;
+        if (hkv > 1 && static_cast<int64_t>(t_end - t) * group * hkv <= ws.max_rows) {
+          item.kv_head = 0;
+          item.num_kv_heads = hkv;
+          items.push_back(item);
+        } else {
+          for (int g = 0; g < hkv; ++g) {
+            item.kv_head = g;
+            items.push_back(item);
+          }
+        }
+      }
+    }
+    return md;
   } else {
     for (int r = 0; r < num_reqs; ++r) {
       const int q_first = md->query_start_loc[r];

@@ -104,6 +104,8 @@ class MLACommonMetadataBuilder : public AttentionMetadataBuilder {
   MLACommonMetadataBuilder(KVCacheSpec spec, const BuilderConfig& config, Device device);
   ~MLACommonMetadataBuilder() override;
   // Requires the batch ordered decodes first (reorder_batch; Error naming "common" otherwise).
+  // No cascade path (common_prefix_len is checked >= 0 and ignored); fast_build goes to
+  // plan_decode.
   std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
                                                  const CommonAttentionMetadata& common,
                                                  bool fast_build = false) override;
@@ -114,9 +116,11 @@ class MLACommonMetadataBuilder : public AttentionMetadataBuilder {
 
  protected:
   // The backend's metadata type (derived from MLAMetadata) and its decode plan. plan_decode runs
-  // after the common fields are filled, only when num_decodes > 0.
+  // after the common fields are filled, only when num_decodes > 0; fast_build (build's flag):
+  // no split-KV search, fixed defaults.
   virtual std::shared_ptr<MLAMetadata> make_metadata() const;
-  virtual void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& common);
+  virtual void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& common,
+                           bool fast_build);
 
   BuilderConfig config_;
   Device device_;

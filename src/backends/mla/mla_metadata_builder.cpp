@@ -185,10 +185,11 @@ std::shared_ptr<MLAMetadata> MLACommonMetadataBuilder::make_metadata() const {
 }
 
 void MLACommonMetadataBuilder::plan_decode(MLAMetadata& /*metadata*/,
-                                           const CommonAttentionMetadata& /*common*/) {}
+                                           const CommonAttentionMetadata& /*common*/,
+                                           bool /*fast_build*/) {}
 
 std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
-    int common_prefix_len, const CommonAttentionMetadata& common, bool /*fast_build*/) {
+    int common_prefix_len, const CommonAttentionMetadata& common, bool fast_build) {
   // MLA has no cascade path (as vLLM's MLA backends): common_prefix_len is accepted and ignored.
   PAGEDATTN_CHECK(common_prefix_len >= 0, "common_prefix_len", kWho, "common_prefix_len = ",
                   common_prefix_len, " must be >= 0");
@@ -345,7 +346,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
       cc.cu_seq_lens_device = place(cc.cu_seq_lens, a ? &a->cu_seq_lens : nullptr, Shape{cc.num_chunks, np + 1});
     }
   }
-  if (num_decodes > 0) plan_decode(*md, common);
+  if (num_decodes > 0) plan_decode(*md, common, fast_build);
   return md;
 }
 

@@ -169,9 +169,10 @@ ReferenceMetadataBuilder::ReferenceMetadataBuilder(KVCacheSpec spec, BuilderConf
     : AttentionMetadataBuilder(std::move(spec)), config_(std::move(config)) {}
 
 std::shared_ptr<const AttentionMetadata> ReferenceMetadataBuilder::build(
-    int common_prefix_len, const CommonAttentionMetadata& common, bool /*fast_build*/) {
+    int common_prefix_len, const CommonAttentionMetadata& common, bool fast_build) {
   auto md = std::make_shared<ReferenceAttentionMetadata>();
-  host::fill_host_batch_plan(*md, common_prefix_len, common, spec_, config_, "REFERENCE build: ");
+  host::fill_host_batch_plan(*md, common_prefix_len, common, spec_, config_, "REFERENCE build: ",
+                             fast_build);
   return md;
 }
 

@@ -25,7 +25,8 @@ class ReferenceMetadataBuilder final : public AttentionMetadataBuilder {
   // metadata. use_cascade = common_prefix_len > 0 && decoder (causal) && no window && no ALiBi
   // (the reference always takes the cascade path when it may, so that path is tested); the
   // prefix must be a multiple of block_size, at most every request's num_computed_tokens, and
-  // its blocks must be shared (same ids) by every request.
+  // its blocks must be shared (same ids) by every request. fast_build: never cascade (the
+  // plan has nothing else to choose).
   std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
                                                  const CommonAttentionMetadata& common,
                                                  bool fast_build = false) override;

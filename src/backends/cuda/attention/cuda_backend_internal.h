@@ -93,8 +93,10 @@ class CudaMetadataBuilder final : public AttentionMetadataBuilder {
   size_t workspace_bytes() const override { return workspace_.nbytes(); }
 
  private:
+  // allow_split = false (fast_build): the planner makes no split-KV partition.
   std::shared_ptr<CudaAttentionMetadata> build_plan(const CommonAttentionMetadata& common,
-                                                    bool for_cudagraph, int common_prefix_len);
+                                                    bool for_cudagraph, int common_prefix_len,
+                                                    bool allow_split);
   // The prefix length the plan uses (0 = no cascade); throws Error for an invalid one.
   int cascade_prefix(int common_prefix_len, const CommonAttentionMetadata& common, bool causal) const;
   // Empty when the batch fits the workspace; else the reason.

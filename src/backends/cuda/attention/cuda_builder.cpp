@@ -177,13 +177,16 @@ bool CudaMetadataBuilder::can_run_in_cudagraph(const CommonAttentionMetadata& co
 
 std::shared_ptr<const AttentionMetadata> CudaMetadataBuilder::build(int common_prefix_len,
                                                                     const CommonAttentionMetadata& common,
-                                                                    bool /*fast_build*/) {
-  return build_plan(common, false, common_prefix_len);
+                                                                    bool fast_build) {
+  PAGEDATTN_CHECK(common_prefix_len >= 0, "common_prefix_len", "CUDA builder: common_prefix_len = ",
+                  common_prefix_len, " must be >= 0");
+  // fast_build: no cascade decision (the prefix is ignored) and no split-KV search.
+  return build_plan(common, false, fast_build ? 0 : common_prefix_len, !fast_build);
 }
 
 std::shared_ptr<const AttentionMetadata> CudaMetadataBuilder::build_for_cudagraph_capture(
     const CommonAttentionMetadata& common) {
-  return build_plan(common, true, 0);  // never cascade for a capture
+  return build_plan(common, true, 0, true);  // never cascade for a capture
 }
 
 int CudaMetadataBuilder::cascade_prefix(int common_prefix_len, const CommonAttentionMetadata& common,
@@ -207,7 +210,8 @@ int CudaMetadataBuilder::cascade_prefix(int common_prefix_len, const CommonAtten
 }
 
 std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const CommonAttentionMetadata& common,
-                                                                       bool for_cudagraph, int common_prefix_len) {
+                                                                       bool for_cudagraph, int common_prefix_len,
+                                                                       bool allow_split) {
   common.validate();
   const std::string problem = capacity_problem(common);
   PAGEDATTN_CHECK(problem.empty(), "metadata", "CUDA builder: ", problem,
@@ -233,6 +237,7 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   }
   PlannerConfig planner = planner_;
   planner.causal = config_.attn_type == AttentionType::decoder && common.causal;
+  planner.allow_split = allow_split;
   const int prefix = cascade_prefix(common_prefix_len, common, planner.causal);
   const AttentionPlan plan = make_attention_plan(planner, query_start_loc, seq_lens, prefix);
 

@@ -77,7 +77,10 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
  protected:
   std::shared_ptr<MLAMetadata> make_metadata() const override { return std::make_shared<CudaMlaMetadata>(); }
 
-  void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& /*common*/) override {
+  // fast_build changes nothing here: the balanced partition is one O(num_requests + parts) pass
+  // (make_plan), with no search to skip, and MLA has no cascade.
+  void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& /*common*/,
+                   bool /*fast_build*/) override {
     auto& m = static_cast<CudaMlaMetadata&>(metadata);
     const int rows = md::rows_per_cta(decode_kernel_);
     const int head_tiles = (config_.num_heads + rows - 1) / rows;
