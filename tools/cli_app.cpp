@@ -12,13 +12,14 @@ CliApp make_cli_app() {
       "  backends   every backend, its capabilities, and why it can or cannot run a configuration\n"
       "  check      conformance grid: every available backend against the REFERENCE\n"
       "  bench      fixed decode / prefill / mixed grids per backend (JSON + markdown)\n"
+      "  plan-bench host time of build() against build_for_drafting() per backend\n"
       "  calibrate  measure this machine's copy bandwidth and FLOP rate (cached)",
       "pagedattn");
   CLI::App& app = *cli.app;
   app.require_subcommand(1);
   app.fallthrough(false);
   cli.commands = {add_run_command(app), add_backends_command(app), add_check_command(app),
-                  add_bench_command(app), add_calibrate_command(app)};
+                  add_bench_command(app), add_plan_bench_command(app), add_calibrate_command(app)};
   return cli;
 }
 

@@ -31,6 +31,7 @@ Command add_run_command(CLI::App& parent);
 Command add_backends_command(CLI::App& parent);
 Command add_check_command(CLI::App& parent);
 Command add_bench_command(CLI::App& parent);
+Command add_plan_bench_command(CLI::App& parent);
 Command add_calibrate_command(CLI::App& parent);
 
 // The whole program: parses `args` (args[0] is the program name), runs the chosen subcommand,

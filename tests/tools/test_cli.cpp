@@ -188,6 +188,9 @@ TEST(CliRun, BadArgumentsGiveOneLineAndANonZeroExit) {
       {{"run", "--check", "--no-check"}, "--no-check"},
       {{"backends", "--head-size", "0"}, "--head-size"},
       {{"bench", "--grid", "huge"}, "--grid"},
+      {{"plan-bench", "--num-requests", "0"}, "--num-requests"},
+      {{"plan-bench", "--common-prefix-len", "24"}, "--common-prefix-len"},
+      {{"plan-bench", "--backend", "NOPE"}, "--backend"},
       {{"check", "--backend", "NOPE"}, "--backend"},
       {{"calibrate", "--device", "tpu"}, "--device"},
       {{}, "subcommand"},
@@ -234,8 +237,17 @@ TEST(CliRun, HelpListsTheFlagsAndExitsZero) {
   }
   CliResult top = cli({"--help"});
   EXPECT_EQ(top.code, kExitOk);
-  for (const char* sub : {"run", "backends", "check", "bench", "calibrate"}) {
+  for (const char* sub : {"run", "backends", "check", "bench", "plan-bench", "calibrate"}) {
     EXPECT_NE(top.out.find(sub), std::string::npos) << sub;
+  }
+}
+
+TEST(CliPlanBench, TimesBuildAndBuildForDraftingPerBackend) {
+  CliResult r = cli({"plan-bench", "--preset", "tiny", "--num-requests", "8", "--context", "64",
+                     "--common-prefix-len", "32", "--reps", "3", "--backend", "CPU,REFERENCE"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  for (const char* text : {"build_for_drafting", "| CPU ", "| REFERENCE ", "8 x (64 + 1), prefix 32"}) {
+    EXPECT_NE(r.out.find(text), std::string::npos) << text << " in " << r.out;
   }
 }
 
