@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "../../src/backends/cuda/attention/cuda_backend_internal.h"
 #include "../../src/backends/cuda/attention/planner.h"
 #include "conformance/harness.h"
 #include "gpu_test_util.h"
@@ -416,6 +417,50 @@ TEST(CudaConformance, CascadeRejectsBadCommonPrefix) {
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), "common_prefix_len") << e.what();
       EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+    }
+  }
+}
+
+// build(fast_build = true) and build_for_drafting plan without the cascade and without split-KV
+// (no combine items) and compute what build() computes, within the dtype's tolerance, on random
+// inputs: a batch the normal build runs as a cascade and one it splits along the keys.
+TEST(CudaConformance, FastBuildAndDraftingMatchTheNormalBuild) {
+  PAGEDATTN_REQUIRE_GPU();
+  ConformanceCase cascade;
+  cascade.dtype = DType::bf16;
+  cascade.head_size = 128;
+  cascade.num_heads = 8;
+  cascade.num_kv_heads = 2;
+  cascade.block_size = 16;
+  cascade.batch = shared_prefix_decodes(8, 256, 50);
+  cascade.cascade_prefix = 256;
+  ConformanceCase split = cascade;
+  split.cascade_prefix = 0;
+  split.batch = {{700, 1}, {1500, 1}, {64, 1}, {2100, 1}};
+  for (const ConformanceCase& c : {cascade, split}) {
+    SCOPED_TRACE(c.describe());
+    const conformance::CaseInputs inputs = conformance::make_inputs(c, 11);
+    conformance::PreparedRun run = conformance::prepare_run(cuda_backend(), Device::cuda, inputs);
+    const auto& normal_plan = dynamic_cast<const cuda::CudaAttentionMetadata&>(*run.step_metadata);
+    if (c.cascade_prefix > 0) {
+      EXPECT_TRUE(normal_plan.use_cascade);
+    } else {
+      EXPECT_GT(normal_plan.num_combine_items, 0) << "the normal build splits this batch";
+    }
+    conformance::execute(run);
+    const conformance::BackendOutputs normal = conformance::collect(run);
+    const CommonAttentionMetadata& common = run.step_common.common;
+    for (int variant = 0; variant < 2; ++variant) {
+      run.step_metadata = variant == 0 ? run.builder->build(c.cascade_prefix, common, true)
+                                       : run.builder->build_for_drafting(common, 1);
+      const auto& plan = dynamic_cast<const cuda::CudaAttentionMetadata&>(*run.step_metadata);
+      EXPECT_FALSE(plan.use_cascade);
+      EXPECT_EQ(plan.num_combine_items, 0);
+      run.output.fill_bytes(0xFF);  // NaN: every row must be written again
+      conformance::execute(run);
+      const conformance::ConformanceResult r = conformance::compare(inputs, conformance::collect(run), normal);
+      EXPECT_TRUE(r.passed()) << r.describe();
+      EXPECT_LE(r.output_rel_error, conformance::tolerance(c));
     }
   }
 }
