@@ -39,8 +39,6 @@ bool head_size_supported(int size) {
   return size >= kHeadSizeMultiple && size <= kMaxHeadSize && size % kHeadSizeMultiple == 0;
 }
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 class CpuBackend final : public AttentionBackend {
  public:
   std::string_view name() const override { return "CPU"; }

@@ -68,8 +68,6 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // double -> float, rounding to odd: truncate toward zero, then set the last bit when inexact.
 float round_to_odd_f32(double x) {
   float f = static_cast<float>(x);  // round to nearest even
