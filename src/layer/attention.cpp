@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "layer/layer_registration.h"
 #include "pagedattn/error.h"
 #include "pagedattn/layer.h"
 #include "pagedattn/selector.h"
@@ -125,23 +126,14 @@ Attention::Attention(AttentionLayerParams params, StaticForwardContext* static_f
   validate_layer_params(params_);
   if (!params_.scale) params_.scale = 1.f / std::sqrt(static_cast<float>(params_.head_size));
   if (!params_.num_kv_heads) params_.num_kv_heads = params_.num_heads;
-  // vLLM validates the sharing target against the static forward context of the layers created
-  // so far; a layer is registered only once it is fully constructed (a rejected one leaves the
-  // context unchanged).
-  PAGEDATTN_CHECK(static_forward_context != nullptr || !params_.kv_sharing_target_layer_name,
-                  "kv_sharing_target_layer_name", "Attention '", params_.prefix,
-                  "': kv_sharing_target_layer_name = '",
-                  params_.kv_sharing_target_layer_name.value_or(""),
-                  "' needs the StaticForwardContext that holds that layer (pass it to the "
-                  "constructor): the target is checked against the layers created before this one");
-  std::optional<StaticForwardContext::Layer> entry;
-  if (static_forward_context != nullptr) {
-    entry = StaticForwardContext::Layer{
-        params_.prefix, false, params_.attn_type, params_.device,
-        uses_kv_cache(params_.attn_type) ? std::optional<KVCacheSpec>(kv_cache_spec()) : std::nullopt,
-        params_.kv_sharing_target_layer_name};
-    static_forward_context->check(*entry);
-  }
+  // Checked against the layers created so far; registered once fully built (layer_registration.h).
+  std::optional<StaticForwardContext::Layer> entry = check_layer_registration(
+      static_forward_context, "Attention", params_.prefix, params_.kv_sharing_target_layer_name, [&] {
+        return StaticForwardContext::Layer{
+            params_.prefix, false, params_.attn_type, params_.device,
+            uses_kv_cache(params_.attn_type) ? std::optional<KVCacheSpec>(kv_cache_spec()) : std::nullopt,
+            params_.kv_sharing_target_layer_name};
+      });
   backend_ = &get_attn_backend(selector_config(), params_.backend);
   impl_ = backend_->make_impl(make_impl_params(params_));
   PAGEDATTN_CHECK(impl_ != nullptr, "backend", "Attention '", params_.prefix, "': backend ",

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "layer/layer_registration.h"
 #include "pagedattn/error.h"
 #include "pagedattn/layer.h"
 #include "pagedattn/mla.h"
@@ -56,21 +57,12 @@ MLAAttention::MLAAttention(MLAAttentionLayerParams params,
   if (!params_.scale) {
     params_.scale = 1.f / std::sqrt(static_cast<float>(params_.qk_head_dim));
   }
-  // As Attention: the sharing target is checked against the layers created so far, and the
-  // layer is registered once fully constructed.
-  PAGEDATTN_CHECK(static_forward_context != nullptr || !params_.kv_sharing_target_layer_name,
-                  "kv_sharing_target_layer_name", "MLAAttention '", params_.prefix,
-                  "': kv_sharing_target_layer_name = '",
-                  params_.kv_sharing_target_layer_name.value_or(""),
-                  "' needs the StaticForwardContext that holds that layer (pass it to the "
-                  "constructor): the target is checked against the layers created before this one");
-  std::optional<StaticForwardContext::Layer> entry;
-  if (static_forward_context != nullptr) {
-    entry = StaticForwardContext::Layer{params_.prefix, true, AttentionType::decoder,
-                                        params_.device, kv_cache_spec(),
-                                        params_.kv_sharing_target_layer_name};
-    static_forward_context->check(*entry);
-  }
+  // As Attention: checked against the layers created so far, registered once fully built.
+  std::optional<StaticForwardContext::Layer> entry = check_layer_registration(
+      static_forward_context, "MLAAttention", params_.prefix, params_.kv_sharing_target_layer_name, [&] {
+        return StaticForwardContext::Layer{params_.prefix, true, AttentionType::decoder, params_.device,
+                                           kv_cache_spec(), params_.kv_sharing_target_layer_name};
+      });
   backend_ = &get_attn_backend(selector_config(), params_.backend);
   const MLABackend* mla = backend_->as_mla();
   PAGEDATTN_CHECK(mla != nullptr, "backend", "MLAAttention '", params_.prefix, "': backend ",

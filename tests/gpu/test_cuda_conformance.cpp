@@ -396,9 +396,9 @@ TEST(CudaConformance, HeadSizeVMatchesReference) {
   EXPECT_EQ(skipped, 0);
 }
 
-// Bad prefixes are rejected at build() with an Error naming common_prefix_len.
-TEST(CudaConformance, CascadeRejectsBadCommonPrefix) {
-  PAGEDATTN_REQUIRE_GPU();
+// bf16, d 128, 8 query / 2 kv heads, page 16: 8 decodes sharing a 256-token prefix, planned as
+// a cascade over it.
+ConformanceCase shared_prefix_cascade_case() {
   ConformanceCase c;
   c.dtype = DType::bf16;
   c.head_size = 128;
@@ -407,6 +407,13 @@ TEST(CudaConformance, CascadeRejectsBadCommonPrefix) {
   c.block_size = 16;
   c.batch = shared_prefix_decodes(8, 256, 50);
   c.cascade_prefix = 256;
+  return c;
+}
+
+// Bad prefixes are rejected at build() with an Error naming common_prefix_len.
+TEST(CudaConformance, CascadeRejectsBadCommonPrefix) {
+  PAGEDATTN_REQUIRE_GPU();
+  const ConformanceCase c = shared_prefix_cascade_case();
   const conformance::CaseInputs inputs = conformance::make_inputs(c, 7);
   for (const int bad : {264, 512}) {  // not a multiple of block_size; longer than request 0's context
     conformance::RunOptions options;
@@ -426,14 +433,7 @@ TEST(CudaConformance, CascadeRejectsBadCommonPrefix) {
 // inputs: a batch the normal build runs as a cascade and one it splits along the keys.
 TEST(CudaConformance, FastBuildAndDraftingMatchTheNormalBuild) {
   PAGEDATTN_REQUIRE_GPU();
-  ConformanceCase cascade;
-  cascade.dtype = DType::bf16;
-  cascade.head_size = 128;
-  cascade.num_heads = 8;
-  cascade.num_kv_heads = 2;
-  cascade.block_size = 16;
-  cascade.batch = shared_prefix_decodes(8, 256, 50);
-  cascade.cascade_prefix = 256;
+  const ConformanceCase cascade = shared_prefix_cascade_case();
   ConformanceCase split = cascade;
   split.cascade_prefix = 0;
   split.batch = {{700, 1}, {1500, 1}, {64, 1}, {2100, 1}};
