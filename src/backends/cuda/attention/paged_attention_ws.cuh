@@ -377,11 +377,22 @@ __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, 
   }
 }
 
+// Phase marks of a consumer warp in the pipelined (prefill-path) loop, for the timeline probe
+// (bench/ws_timeline_probe.cu): Trace::mark(event) at the start of an iteration, when its K (and
+// V) tiles have landed, when both wgmma groups are issued, when S_{t+1} has landed, after the
+// softmax, and when P_t . V_t is done. The shipped kernel's WsNoTrace compiles to nothing.
+enum WsMark : int { kWsMarkStart, kWsMarkLanded, kWsMarkIssued, kWsMarkScores, kWsMarkSoftmax, kWsMarkPv, kWsMarks };
+struct WsNoTrace {
+  __device__ __forceinline__ void mark(int /*event*/) {}
+  __device__ __forceinline__ void next() {}
+};
+
 // Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..; decode-path items:
 // rows 0.. and every other tile, merged into consumer 1), then its output.
-template <int D, typename T>
+template <int D, typename T, class Trace = WsNoTrace>
 __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContext& ctx, char* smem,
-                                const WsBarriers<D>& bars, RingPos& ring, int qb, uint32_t q_phase, int wg) {
+                                const WsBarriers<D>& bars, RingPos& ring, int qb, uint32_t q_phase, int wg,
+                                Trace& trace) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using W = WsTraits<D>;
   const int warp = (threadIdx.x >> 5) & 3;
@@ -514,8 +525,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     for (int t = 0; t + 1 < active; ++t) {
       RingPos nxt = ring;
       nxt.template advance<W::kStages>();
+      trace.mark(kWsMarkStart);
       sync.wait_k(nxt.stage, nxt.phase);
       sync.wait_v_landed(ring.stage, ring.phase);  // V_t
+      trace.mark(kWsMarkLanded);
       __syncwarp();
       wgmma::fence_async_smem();
       wgmma::reg_fence(pa);
@@ -523,15 +536,20 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::fence();
       issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(nxt.stage));
       issue_pv<D, T>(o, pa, v_desc(ring.stage));
+      trace.mark(kWsMarkIssued);
       wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
       wgmma::reg_fence(s);
+      trace.mark(kWsMarkScores);
       sync.release_k(nxt.stage);  // K_{t+1} read
       if (t + 2 == active) mbar::arrive(bars.q_empty(qb));  // that was the last S: Q may be refilled
       float c0 = 1.f, c1 = 1.f;
       if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
+      trace.mark(kWsMarkSoftmax);
       wgmma::wait<0>();
       wgmma::reg_fence(o);
       wgmma::reg_fence(pa);
+      trace.mark(kWsMarkPv);
+      trace.next();
       sync.release_v(ring.stage);  // V_t read (the whole stage t unless split)
       rescale_o(o, c0, c1);
       pack_p<T>(s, pa);
@@ -673,7 +691,8 @@ __device__ __forceinline__ void ws_for_each_item(const AttentionKernelParams& p,
   for (int n = 0; n < count; ++n) f(cta + (backwards ? count - 1 - n : n) * grid, n);
 }
 
-template <int D, typename T>
+// Trace: WsNoTrace, or the timeline probe's recorder (bench/ws_timeline_probe.cu).
+template <int D, typename T, class Trace = WsNoTrace>
 __global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_kernel(const AttentionKernelParams p) {
   using W = WsTraits<D>;
   static_assert(W::kSupported);
@@ -712,9 +731,11 @@ __global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_k
   } else {
     warpgroup_regs_inc<W::kConsumerRegs>();
     RingPos ring;
+    Trace trace{};
     ws_for_each_item(p, [&](int i, int n) {
       const ItemContext ctx = make_item_context(p, p.items[i]);
-      ws_consume_item<D, T>(p, ctx, smem, bars, ring, n % W::kQBuffers, (n / W::kQBuffers) & 1, role - 1);
+      ws_consume_item<D, T, Trace>(p, ctx, smem, bars, ring, n % W::kQBuffers, (n / W::kQBuffers) & 1, role - 1,
+                                   trace);
     });
   }
 #else

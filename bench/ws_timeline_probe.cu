@@ -1,0 +1,248 @@
+// Timeline probe of the warp-specialized kernel's consumers (paged_attention_ws.cuh): the same
+// kernel, instantiated with a recorder as its Trace, stamps the SM clock at each phase of the
+// pipelined loop (WsMark: iteration start, K/V landed, wgmma groups issued, S_{t+1} landed,
+// softmax done, P_t . V_t done) for the first kMaxIters iterations of every consumer warp, on one
+// causal bf16 prefill of the CUDA backend's own plan (paged cache, random block table).
+// It prints, per head size, the median cycles of each phase per iteration, the iteration time
+// against the tensor core's share of a tile, and how often the two consumers of an SM
+// sub-partition (warp w of each warpgroup) run their softmax at the same time.
+// Usage: ws_timeline_probe [--head-size 64|128|256 (default: all)] [--seqs N] [--len L]
+// Hopper only (sm_90a); the shipped kernel's trace (WsNoTrace) compiles to nothing.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../src/backends/cuda/attention/cuda_backend.h"
+#include "../src/backends/cuda/attention/cuda_backend_internal.h"
+#include "../src/backends/cuda/attention/paged_attention_ws.cuh"
+#include "cuda_bench_common.cuh"
+#include "pagedattn/pagedattn.h"
+
+namespace ws_probe {
+
+constexpr int kMaxIters = 48;      // iterations recorded per consumer warp
+constexpr int kConsumerWarps = 8;  // 2 warpgroups x 4 warps
+
+__device__ unsigned long long* g_trace;  // (CTA, consumer warp, iteration, mark) SM clocks
+
+struct ClockTrace {
+  int iter = 0;
+  __device__ __forceinline__ void mark(int event) {
+    if (iter >= kMaxIters || (threadIdx.x & 31) != 0) return;
+    const int warp = (threadIdx.x >> 5) - 4;  // consumer warps 0..7
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
+    g_trace[((static_cast<size_t>(blockIdx.x) * kConsumerWarps + warp) * kMaxIters + iter) * pagedattn::cuda::kWsMarks + event] = t;
+  }
+  __device__ __forceinline__ void next() { ++iter; }
+};
+
+}  // namespace ws_probe
+
+namespace {
+
+using namespace pagedattn;
+using namespace pagedattn::cuda;
+using namespace ws_probe;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <int D>
+void probe(int seqs, int len) {
+  const int hq = 32, hkv = 8, bs = 16;
+  const AttentionBackend& backend = cuda_backend();
+  AttentionImplParams params;
+  params.num_heads = hq;
+  params.num_kv_heads = hkv;
+  params.head_size = D;
+  params.scale = 1.f / std::sqrt(float(D));
+  params.dtype = DType::bf16;
+  params.device = Device::cuda;
+  params.block_size = bs;
+  auto impl = backend.make_impl(params);
+  const int blocks_per_seq = (len + bs - 1) / bs;
+  const int64_t num_blocks = int64_t(seqs) * blocks_per_seq + 1;
+  Tensor cache = backend.allocate_kv_cache(num_blocks, bs, hkv, D, DType::bf16, Device::cuda);
+  fill(cache.data(), cache.numel(), DType::bf16, 11);
+  const int tokens = seqs * len;
+  Tensor query(Shape{tokens, hq, D}, DType::bf16, Device::cuda);
+  Tensor output(Shape{tokens, hq, D}, DType::bf16, Device::cuda);
+  fill(query.data(), query.numel(), DType::bf16, 12);
+
+  std::mt19937_64 rng(42);
+  std::vector<int32_t> perm(num_blocks - 1);
+  std::iota(perm.begin(), perm.end(), 1);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  CommonAttentionMetadataArgs args;
+  args.query_start_loc = {0};
+  args.max_num_blocks_per_req = blocks_per_seq;
+  for (int r = 0; r < seqs; ++r) {
+    args.query_start_loc.push_back(args.query_start_loc.back() + len);
+    args.seq_lens.push_back(len);
+    for (int c = 0; c < blocks_per_seq; ++c) args.block_table.push_back(perm[r * blocks_per_seq + c]);
+    for (int i = 0; i < len; ++i) args.slot_mapping.push_back(-1);
+  }
+  const OwnedCommonAttentionMetadata common = make_common_attention_metadata(args, Device::cuda);
+  BuilderConfig config;
+  config.num_heads = hq;
+  config.num_kv_heads = hkv;
+  config.head_size = D;
+  config.max_num_batched_tokens = std::max(8192, tokens);
+  config.max_model_len = len;
+  auto builder = backend.make_builder(KVCacheSpec::full_attention(bs, hkv, D, DType::bf16), config, Device::cuda);
+  const auto plan = builder->build(0, common.common);
+  const auto& md = dynamic_cast<const CudaAttentionMetadata&>(*plan);
+  if (md.kernel != AttentionKernel::ws) {
+    std::printf("d %d: the plan's kernel is %s, not ws\n", D, attention_kernel_name(md.kernel));
+    return;
+  }
+  LayerScales scales;
+  impl->forward(scales, query, {}, {}, cache, *plan, output);  // warm-up, configures the kernel
+
+  // The launch's parameters, as the CUDA impl sets them for this layer (16-bit cache, causal).
+  const KVCacheViews views = split_kv_cache(cache, D, D);
+  const TensorView qv = query, ov = output;
+  AttentionKernelParams p{};
+  p.query = qv.data();
+  p.q_token_stride = qv.stride(0);
+  p.q_head_stride = qv.stride(1);
+  p.output = ov.data();
+  p.o_token_stride = ov.stride(0);
+  p.o_head_stride = ov.stride(1);
+  p.key = views.key_cache.data();
+  p.value = views.value_cache.data();
+  p.k_block_stride = views.key_cache.stride(0);
+  p.k_token_stride = views.key_cache.stride(1);
+  p.k_head_stride = views.key_cache.stride(2);
+  p.v_block_stride = views.value_cache.stride(0);
+  p.v_token_stride = views.value_cache.stride(1);
+  p.v_head_stride = views.value_cache.stride(2);
+  p.paged = 1;
+  p.num_blocks = views.key_cache.size(0);
+  p.block_table = md.block_table;
+  p.block_table_stride = md.block_table_stride;
+  p.block_size = md.block_size;
+  p.header = md.header;
+  p.items = md.items;
+  p.partial_out = md.partial_out;
+  p.partial_lse = md.partial_lse;
+  p.head_size_qk = D;
+  p.head_size_v = D;
+  p.num_heads = hq;
+  p.num_kv_heads = hkv;
+  p.group_size = hq / hkv;
+  p.scale = params.scale;
+  p.k_scale = 1.f;
+  p.v_scale = 1.f;
+  p.window_left = -1;
+  p.window_right = 0;
+
+  const int grid = md.attention_grid;
+  const size_t entries = size_t(grid) * kConsumerWarps * kMaxIters * kWsMarks;
+  unsigned long long* trace = nullptr;
+  BENCH_CUDA(cudaMalloc(&trace, entries * sizeof(unsigned long long)));
+  BENCH_CUDA(cudaMemset(trace, 0, entries * sizeof(unsigned long long)));
+  BENCH_CUDA(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
+  auto kernel = paged_attention_ws_kernel<D, __nv_bfloat16, ClockTrace>;
+  BENCH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WsTraits<D>::kSmemBytes));
+  kernel<<<grid, WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes>>>(p);  // warm
+  BENCH_CUDA(cudaDeviceSynchronize());
+  BENCH_CUDA(cudaMemset(trace, 0, entries * sizeof(unsigned long long)));
+  kernel<<<grid, WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes>>>(p);
+  BENCH_CUDA(cudaDeviceSynchronize());
+  std::vector<unsigned long long> h(entries);
+  BENCH_CUDA(cudaMemcpy(h.data(), trace, entries * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  cudaFree(trace);
+
+  // Phases of an iteration i of a warp: [start, landed) wait for K/V, [landed, issued) issue,
+  // [issued, scores) S wait, [scores, softmax) softmax, [softmax, pv) P.V wait, [pv, next start)
+  // pack + loop. Iterations whose next start is missing (an item's last) drop the last phase.
+  const char* names[] = {"K/V wait", "issue", "S wait", "softmax", "P.V wait", "pack+loop", "iteration"};
+  std::vector<double> phase[7];
+  double both_softmax = 0, any_softmax = 0;
+  auto at = [&](int cta, int w, int i, int e) { return h[((size_t(cta) * kConsumerWarps + w) * kMaxIters + i) * kWsMarks + e]; };
+  for (int cta = 0; cta < grid; ++cta) {
+    for (int w = 0; w < kConsumerWarps; ++w) {
+      for (int i = 0; i < kMaxIters; ++i) {
+        if (at(cta, w, i, kWsMarkPv) == 0) break;
+        for (int e = 0; e + 1 < kWsMarks; ++e) phase[e].push_back(double(at(cta, w, i, e + 1)) - double(at(cta, w, i, e)));
+        if (i + 1 < kMaxIters && at(cta, w, i + 1, kWsMarkStart) != 0) {
+          const double next = double(at(cta, w, i + 1, kWsMarkStart));
+          const double gap = next - double(at(cta, w, i, kWsMarkPv));
+          if (gap < 20000) {  // the same item (not the epilogue and the next item's prologue)
+            phase[5].push_back(gap);
+            phase[6].push_back(next - double(at(cta, w, i, kWsMarkStart)));
+          }
+        }
+      }
+    }
+    // Softmax overlap of the two consumers of each sub-partition (warp w of warpgroup 0 with
+    // warp w of warpgroup 1), over the recorded iterations: cycles where both are in a softmax,
+    // against cycles where either is.
+    for (int w = 0; w < 4; ++w) {
+      std::vector<std::pair<double, double>> a, b;
+      for (int i = 0; i < kMaxIters; ++i) {
+        if (at(cta, w, i, kWsMarkPv) != 0) a.push_back({double(at(cta, w, i, kWsMarkScores)), double(at(cta, w, i, kWsMarkSoftmax))});
+        if (at(cta, w + 4, i, kWsMarkPv) != 0) b.push_back({double(at(cta, w + 4, i, kWsMarkScores)), double(at(cta, w + 4, i, kWsMarkSoftmax))});
+      }
+      if (a.empty() || b.empty()) continue;
+      const double lo = std::max(a.front().first, b.front().first);
+      const double hi = std::min(a.back().second, b.back().second);
+      double both = 0, either = 0;
+      for (auto [s, e] : a) {
+        s = std::clamp(s, lo, hi), e = std::clamp(e, lo, hi);
+        either += e - s;
+        for (auto [s2, e2] : b) {
+          s2 = std::clamp(s2, lo, hi), e2 = std::clamp(e2, lo, hi);
+          both += std::max(0.0, std::min(e, e2) - std::max(s, s2));
+        }
+      }
+      for (auto [s2, e2] : b) either += std::clamp(e2, lo, hi) - std::clamp(s2, lo, hi);
+      both_softmax += both;
+      any_softmax += either - both;
+    }
+  }
+  // Tensor-core share of one tile per consumer: its S and P.V wgmma (both warpgroups' work per
+  // tile is twice this), at 1024 dense bf16 FLOP per clock per SM sub-partition.
+  const double tc_per_consumer = 2.0 * 2 * 64 * WsTraits<D>::kKeys * D / 4096.0;
+  std::printf("d %d, %d x %d causal, grid %d: medians over %zu iterations (SM clocks)\n", D, seqs, len, grid,
+              phase[0].size());
+  for (int e = 0; e < 7; ++e) std::printf("  %-10s %8.0f\n", names[e], median(phase[e]));
+  std::printf("  tensor core per tile: %.0f a consumer, %.0f both\n", tc_per_consumer, 2 * tc_per_consumer);
+  std::printf("  both consumers of a sub-partition in softmax: %.0f%% of the time either is\n",
+              any_softmax > 0 ? 100.0 * both_softmax / any_softmax : 0.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int head_size = 0, seqs = 4, len = 4096;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--head-size" && i + 1 < argc) {
+      head_size = std::atoi(argv[++i]);
+    } else if (a == "--seqs" && i + 1 < argc) {
+      seqs = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--len" && i + 1 < argc) {
+      len = std::max(256, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: %s [--head-size 64|128|256] [--seqs N] [--len L]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (head_size == 0 || head_size == 64) probe<64>(seqs, len);
+  if (head_size == 0 || head_size == 128) probe<128>(seqs, len);
+  if (head_size == 0 || head_size == 256) probe<256>(seqs, len);
+  return 0;
+}
