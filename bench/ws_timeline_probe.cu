@@ -110,43 +110,9 @@ void probe(int seqs, int len) {
   LayerScales scales;
   impl->forward(scales, query, {}, {}, cache, *plan, output);  // warm-up, configures the kernel
 
-  // The launch's parameters, as the CUDA impl sets them for this layer (16-bit cache, causal).
-  const KVCacheViews views = split_kv_cache(cache, D, D);
-  const TensorView qv = query, ov = output;
-  AttentionKernelParams p{};
-  p.query = qv.data();
-  p.q_token_stride = qv.stride(0);
-  p.q_head_stride = qv.stride(1);
-  p.output = ov.data();
-  p.o_token_stride = ov.stride(0);
-  p.o_head_stride = ov.stride(1);
-  p.key = views.key_cache.data();
-  p.value = views.value_cache.data();
-  p.k_block_stride = views.key_cache.stride(0);
-  p.k_token_stride = views.key_cache.stride(1);
-  p.k_head_stride = views.key_cache.stride(2);
-  p.v_block_stride = views.value_cache.stride(0);
-  p.v_token_stride = views.value_cache.stride(1);
-  p.v_head_stride = views.value_cache.stride(2);
-  p.paged = 1;
-  p.num_blocks = views.key_cache.size(0);
-  p.block_table = md.block_table;
-  p.block_table_stride = md.block_table_stride;
-  p.block_size = md.block_size;
-  p.header = md.header;
-  p.items = md.items;
-  p.partial_out = md.partial_out;
-  p.partial_lse = md.partial_lse;
-  p.head_size_qk = D;
-  p.head_size_v = D;
-  p.num_heads = hq;
-  p.num_kv_heads = hkv;
-  p.group_size = hq / hkv;
-  p.scale = params.scale;
-  p.k_scale = 1.f;
-  p.v_scale = 1.f;
-  p.window_left = -1;
-  p.window_right = 0;
+  // The launch's parameters: the CUDA impl's own for this forward.
+  const AttentionKernelParams p =
+      dynamic_cast<const CudaAttentionImpl&>(*impl).kernel_params(scales, query, {}, {}, cache, *plan, output, {});
 
   const int grid = md.attention_grid;
   const size_t entries = size_t(grid) * kConsumerWarps * kMaxIters * kWsMarks;

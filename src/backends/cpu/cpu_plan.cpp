@@ -160,7 +160,9 @@ std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
     }
     return keys * group * dims + 1;
   };
-  auto single_item = [&](int r, int g, int tok_begin, int tok_end, int kb, int ke, int prefix) {
+  // One request's token range over keys [kb, ke) of KV head g (cost unset), and the same with its
+  // cost (the fast build orders nothing and skips the cost model).
+  auto base_item = [&](int r, int g, int tok_begin, int tok_end, int kb, int ke, int prefix) {
     WorkItem item;
     item.kv_head = g;
     item.req_begin = r;
@@ -170,6 +172,10 @@ std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
     item.kv_begin = kb;
     item.kv_end = ke;
     item.prefix_len = prefix;
+    return item;
+  };
+  auto single_item = [&](int r, int g, int tok_begin, int tok_end, int kb, int ke, int prefix) {
+    WorkItem item = base_item(r, g, tok_begin, tok_end, kb, ke, prefix);
     item.cost = range_cost(r, tok_begin, tok_end, std::max(kb, prefix), ke, prefix);
     return item;
   };
@@ -223,23 +229,16 @@ std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
     }
   } else if (fast_build) {
     // fast_build: the fixed default partition, in batch order, with no cost model, no split-KV
-    // search and no head fusion: one item per (request, q tile), all KV heads of it (fused) when
-    // its rows fit the scratch, else one per KV head. dynamic scheduling balances the threads.
+    // search and no thread-balance test before fusing: one item per (request, q tile) over all KV
+    // heads when its rows fit the scratch, else one per KV head. Dynamic scheduling balances the
+    // threads.
     for (int r = 0; r < num_reqs; ++r) {
       const int q_first = md->query_start_loc[r];
       const int q_end = md->query_start_loc[r + 1];
       for (int t = q_first; t < q_end; t += tokens_per_tile) {
         const int t_end = std::min(q_end, t + tokens_per_tile);
-        WorkItem item;
-        item.req_begin = r;
-        item.req_end = r + 1;
-        item.tok_begin = t;
-        item.tok_end = t_end;
-        item.kv_begin = 0;
-        item.kv_end = md->seq_lens[r];
-        item.prefix_len = 0;
+        WorkItem item = base_item(r, 0, t, t_end, 0, md->seq_lens[r], 0);
         if (hkv > 1 && static_cast<int64_t>(t_end - t) * group * hkv <= ws.max_rows) {
-          item.kv_head = 0;
           item.num_kv_heads = hkv;
           items.push_back(item);
         } else {

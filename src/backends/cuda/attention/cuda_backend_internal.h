@@ -135,6 +135,12 @@ class CudaAttentionImpl final : public AttentionImpl {
                const TensorView& value, const TensorView& kv_cache,
                const AttentionMetadata& metadata, const TensorView& output,
                const TensorView& output_scale = {}, const TensorView& output_lse = {}) override;
+  // The attention kernel's parameters of one forward (checked by check_forward first), as forward
+  // launches them; also what bench/ws_timeline_probe launches its traced kernel with.
+  AttentionKernelParams kernel_params(const LayerScales& scales, const TensorView& query, const TensorView& key,
+                                      const TensorView& value, const TensorView& kv_cache,
+                                      const AttentionMetadata& metadata, const TensorView& output,
+                                      const TensorView& output_lse) const;
   bool can_return_lse_for_decode() const override { return true; }
   bool supports_quant_query_input() const override { return false; }
   bool fused_output_quant_supported(const QuantKey&) const override { return false; }

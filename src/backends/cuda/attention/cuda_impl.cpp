@@ -194,18 +194,15 @@ void CudaAttentionImpl::check_forward(const LayerScales& scales, const TensorVie
   }
 }
 
-void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
-                                const TensorView& value, const TensorView& kv_cache,
-                                const AttentionMetadata& metadata, const TensorView& output,
-                                const TensorView& output_scale, const TensorView& output_lse) {
-  // ---- every check before anything is launched ----
-  check_forward(scales, query, key, value, kv_cache, metadata, output, output_scale, output_lse);
+AttentionKernelParams CudaAttentionImpl::kernel_params(const LayerScales& scales, const TensorView& query,
+                                                     const TensorView& key, const TensorView& value,
+                                                     const TensorView& kv_cache, const AttentionMetadata& metadata,
+                                                     const TensorView& output, const TensorView& output_lse) const {
   const auto& md = static_cast<const CudaAttentionMetadata&>(metadata);
   const int num_heads = params_.num_heads;
   const int num_kv_heads = params_.kv_heads();
   const int head_size = params_.head_size;
   const int head_size_v = params_.value_head_size();
-  const int64_t num_tokens = md.num_actual_tokens;
   const bool cached = uses_kv_cache(params_.attn_type);
   const bool fp8 = is_fp8(cache_dtype_);
   float k_scale = 1.f, v_scale = 1.f;
@@ -242,14 +239,6 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
     p.paged = 0;
     p.num_blocks = 0;
   }
-  if (num_tokens == 0 || md.num_work_items == 0) {
-    // Nothing to attend to (a captured graph would still have to launch: see below).
-    void* stream = current_cuda_stream();
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
-    if (status == cudaStreamCaptureStatusNone && !md.for_cudagraph) return;
-  }
-
   p.query = query.data();
   p.q_token_stride = query.stride(0);
   p.q_head_stride = query.stride(1);
@@ -287,6 +276,28 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
   } else {
     p.window_left = window > 0 ? window - 1 : -1;
     p.window_right = md.causal ? 0 : (window > 0 ? window - 1 : -1);
+  }
+  return p;
+}
+
+void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& query, const TensorView& key,
+                                const TensorView& value, const TensorView& kv_cache,
+                                const AttentionMetadata& metadata, const TensorView& output,
+                                const TensorView& output_scale, const TensorView& output_lse) {
+  // ---- every check before anything is launched ----
+  check_forward(scales, query, key, value, kv_cache, metadata, output, output_scale, output_lse);
+  const auto& md = static_cast<const CudaAttentionMetadata&>(metadata);
+  const int head_size = params_.head_size;
+  const int head_size_v = params_.value_head_size();
+  const bool cached = uses_kv_cache(params_.attn_type);
+  const bool fp8 = is_fp8(cache_dtype_);
+  const AttentionKernelParams p = kernel_params(scales, query, key, value, kv_cache, metadata, output, output_lse);
+  if (md.num_actual_tokens == 0 || md.num_work_items == 0) {
+    // Nothing to attend to (a captured graph would still have to launch: see below).
+    void* stream = current_cuda_stream();
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
+    if (status == cudaStreamCaptureStatusNone && !md.for_cudagraph) return;
   }
 
   // The plan's kernel must have an instance for this layer (attention_launch.cuh says so with an
