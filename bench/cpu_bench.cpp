@@ -5,10 +5,18 @@
 //             with copy_bw and peak measured by this program (Peak/* rows, same run):
 //               Peak/copy_bandwidth  STREAM-copy convention: (read + write bytes) / time
 //               Peak/read_bandwidth  read-only streaming (the access pattern of decode)
-//               Peak/fma_f32         f32 FMA rate (AVX-512, all threads)
-//               Peak/dpbf16          vdpbf16ps rate (AVX-512 BF16, all threads)
+//               Peak/paged_read      loads-only read of the Decode/16x4k cache in its page
+//                                    order (whole pages, K then V, two pages prefetched ahead):
+//                                    the floor of a scattered decode read (paged_read% below)
+//               Peak/fma_f32         f32 FMA rate at the width of the path that runs (8 lanes on
+//                                    avx2 / scalar, 16 on avx512 / amx), all threads
+//               Peak/dpbf16          vdpbf16ps rate (AVX-512 BF16, all threads; only where the
+//                                    CPU has it)
 //               Peak/amx_bf16        tdpbf16ps rate (AMX-BF16 tiles, all threads; only where the
 //                                    amx path can run; the floor of amx rows uses it)
+//   paged_read%  GB/s over Peak/paged_read (decode rows: how close to the paged-read floor)
+//   The compute peak of a row is the path's: AMX tiles on amx, vdpbf16ps for bf16 activations on
+//   avx512, else the f32 FMA rate.
 //   path      the kernel path (PAGEDATTN_CPU_ISA or the best)
 // Shapes: Llama-3-8B attention (Hq 32, Hkv 8, D 128, bf16 unless _f16, block 16, NHD, shuffled
 // pages).
@@ -46,23 +54,34 @@ using namespace pagedattn::bench;  // cpu_peaks.h
 
 // ---- measured peaks -------------------------------------------------------------------------
 struct Peaks {
-  double copy_gbs = 0, read_gbs = 0, fma_gflops = 0, dpbf16_gflops = 0, amx_gflops = 0;
+  double copy_gbs = 0, read_gbs = 0, paged_read_gbs = 0, fma_gflops = 0, dpbf16_gflops = 0,
+         amx_gflops = 0;
 };
 Peaks g_peaks;
 
-void BM_Peak(benchmark::State& state, int which) {
+enum class PeakKind { copy, read, paged_read, fma, dpbf16, amx };
+
+double measure_paged_read();  // below (needs the decode step)
+
+void BM_Peak(benchmark::State& state, PeakKind which) {
   double value = 0;
+  const bool wide = cpu::active_kernels().isa == cpu::Isa::avx512 ||
+                    cpu::active_kernels().isa == cpu::Isa::amx;
   for (auto _ : state) {
     switch (which) {
-      case 0: value = g_peaks.copy_gbs = measure_bandwidth_gbs(false); break;
-      case 1: value = g_peaks.read_gbs = measure_bandwidth_gbs(true); break;
-      case 2: value = g_peaks.fma_gflops = measure_compute_gflops(false); break;
-      case 3: value = g_peaks.dpbf16_gflops = measure_compute_gflops(true); break;
-      default: value = g_peaks.amx_gflops = measure_amx_gflops(); break;
+      case PeakKind::copy: value = g_peaks.copy_gbs = measure_bandwidth_gbs(false); break;
+      case PeakKind::read: value = g_peaks.read_gbs = measure_bandwidth_gbs(true); break;
+      case PeakKind::paged_read: value = g_peaks.paged_read_gbs = measure_paged_read(); break;
+      case PeakKind::fma: value = g_peaks.fma_gflops = measure_fma_gflops(wide ? 16 : 8); break;
+      case PeakKind::dpbf16: value = g_peaks.dpbf16_gflops = measure_dpbf16_gflops(); break;
+      case PeakKind::amx: value = g_peaks.amx_gflops = measure_amx_gflops(); break;
     }
   }
-  state.counters[which < 2 ? "GB/s" : "GFLOP/s"] = value;
+  const bool bandwidth =
+      which == PeakKind::copy || which == PeakKind::read || which == PeakKind::paged_read;
+  state.counters[bandwidth ? "GB/s" : "GFLOP/s"] = value;
   state.counters["threads"] = omp_get_max_threads();
+  if (which == PeakKind::fma) state.SetLabel(wide ? "16 lanes" : "8 lanes");
 }
 
 // ---- one attention step -----------------------------------------------------------------------
@@ -78,6 +97,7 @@ struct AttentionStep {
   OwnedCommonAttentionMetadata common;
   std::shared_ptr<const AttentionMetadata> metadata;
   LayerScales scales;
+  DType dtype = DType::bf16;
   double flops = 0, bytes = 0;
 
   void run() {
@@ -109,6 +129,7 @@ std::unique_ptr<AttentionStep> make_step(const AttentionBackend& backend,
                                          const std::vector<RequestShape>& batch,
                                          DType dtype = DType::bf16) {
   auto step = std::make_unique<AttentionStep>();
+  step->dtype = dtype;
   AttentionImplParams params;
   params.num_heads = kHq;
   params.num_kv_heads = kHkv;
@@ -179,16 +200,27 @@ void report(benchmark::State& state, const AttentionStep& step, const char* path
       benchmark::Counter(step.flops * iterations / 1e9, benchmark::Counter::kIsRate);
   state.counters["GB/s"] = benchmark::Counter(step.bytes * iterations / 1e9, benchmark::Counter::kIsRate);
   state.SetLabel(path);
-  if (g_peaks.copy_gbs > 0 && g_peaks.dpbf16_gflops > 0) {
+  // The compute peak of the path that ran: AMX tiles on amx, vdpbf16ps for bf16 activations on
+  // avx512 (Precision::bf16_dot), else the f32 FMA rate at the path's width.
+  const cpu::KernelTable& kernels = cpu::active_kernels();
+  double peak_gflops = g_peaks.fma_gflops;
+  if (kernels.isa == cpu::Isa::amx && g_peaks.amx_gflops > 0) {
+    peak_gflops = g_peaks.amx_gflops;
+  } else if (kernels.has_bf16_dot && step.dtype == DType::bf16 && g_peaks.dpbf16_gflops > 0) {
+    peak_gflops = g_peaks.dpbf16_gflops;
+  }
+  if (g_peaks.copy_gbs > 0 && peak_gflops > 0) {
     // floor seconds per iteration; the counter divides by measured seconds per iteration.
-    // The compute peak of the path that ran: AMX tiles when the amx path ran and was measured.
-    const bool amx = cpu::active_kernels().isa == cpu::Isa::amx && g_peaks.amx_gflops > 0;
-    const double peak_gflops = amx ? g_peaks.amx_gflops : g_peaks.dpbf16_gflops;
     const double floor_s = std::max(step.bytes / (g_peaks.copy_gbs * 1e9),
                                     step.flops / (peak_gflops * 1e9));
     state.counters["floor%"] = benchmark::Counter(100.0 * floor_s * iterations, benchmark::Counter::kIsRate);
     state.counters["copy_bw%"] = benchmark::Counter(
         100.0 * step.bytes * iterations / (g_peaks.copy_gbs * 1e9), benchmark::Counter::kIsRate);
+  }
+  if (g_peaks.paged_read_gbs > 0) {
+    state.counters["paged_read%"] = benchmark::Counter(
+        100.0 * step.bytes * iterations / (g_peaks.paged_read_gbs * 1e9),
+        benchmark::Counter::kIsRate);
   }
 }
 
@@ -258,15 +290,30 @@ std::vector<RequestShape> decode_batch(int batch, int context) {
   return std::vector<RequestShape>(static_cast<size_t>(batch), RequestShape{context, 1});
 }
 
+// Peak/paged_read: the loads-only rate of the Decode/16x4k cache in its page order.
+double measure_paged_read() {
+  auto step = make_step(cpu_backend(), decode_batch(16, 4096));
+  const TensorView cache = step->cache.view();  // (2, blocks, block_size, Hkv, D), dense
+  const int64_t elem = static_cast<int64_t>(dtype_size(step->cache.dtype()));
+  const char* base = static_cast<const char*>(step->cache.data());
+  const int64_t block_bytes = static_cast<int64_t>(kBlock) * kHkv * kD * elem;
+  const TensorView table = step->common.block_table.view();  // (reqs, cols) i32
+  return measure_paged_read_gbs(base, base + cache.stride(0) * elem, cache.stride(1) * elem,
+                                block_bytes, static_cast<const int32_t*>(table.data()),
+                                table.stride(0), static_cast<int>(table.size(0)),
+                                (4096 + 1 + kBlock - 1) / kBlock);
+}
+
 void register_all() {
-  const auto peak = [](const char* name, int which) {
+  const auto peak = [](const char* name, PeakKind which) {
     benchmark::RegisterBenchmark(name, BM_Peak, which)->Iterations(1)->Unit(benchmark::kMillisecond);
   };
-  peak("Peak/copy_bandwidth", 0);
-  peak("Peak/read_bandwidth", 1);
-  peak("Peak/fma_f32", 2);
-  peak("Peak/dpbf16", 3);
-  if (cpu::isa_supported(cpu::Isa::amx)) peak("Peak/amx_bf16", 4);
+  peak("Peak/copy_bandwidth", PeakKind::copy);
+  peak("Peak/read_bandwidth", PeakKind::read);
+  peak("Peak/paged_read", PeakKind::paged_read);
+  peak("Peak/fma_f32", PeakKind::fma);
+  if (has_avx512bf16()) peak("Peak/dpbf16", PeakKind::dpbf16);
+  if (cpu::isa_supported(cpu::Isa::amx)) peak("Peak/amx_bf16", PeakKind::amx);
   const auto cpu = [](const std::string& name, std::vector<RequestShape> batch,
                       DType dtype = DType::bf16) {
     benchmark::RegisterBenchmark(("CPU/" + name).c_str(), BM_Cpu, std::move(batch), dtype)

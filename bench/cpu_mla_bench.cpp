@@ -51,7 +51,7 @@ void BM_Peak(benchmark::State& state, int which) {
     if (which == 0) {
       value = g_copy_gbs = bench::measure_bandwidth_gbs(/*read_only=*/false);
     } else if (__builtin_cpu_supports("avx512bf16")) {
-      value = g_dpbf16_gflops = bench::measure_compute_gflops(/*bf16=*/true);
+      value = g_dpbf16_gflops = bench::measure_dpbf16_gflops();
     }
   }
   state.counters[which == 0 ? "GB/s" : "GFLOP/s"] = value;
