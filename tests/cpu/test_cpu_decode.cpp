@@ -1,15 +1,19 @@
-// The direct decode kernel of the CPU backend (cpu_decode_avx512.h: head-fused decode items over a
-// bf16 paged cache, computed on the cache rows in place) against the REFERENCE (fp64) on fresh
+// The direct decode kernels of the CPU backend (cpu_decode_direct.h: head-fused decode items
+// computed on the cache rows in place; cpu_decode_avx512.h over a bf16 cache, cpu_decode_avx2.h
+// over bf16, f16 and fp8 caches) against the REFERENCE (fp64) on fresh
 // random inputs: GQA groups 1..8 (register blocks of 1..4 rows and several blocks per head), head
 // sizes 32..256, block sizes 16/32/64, NHD and HND, contexts that end inside a page,
 // 1-3 query tokens per request, sinks, soft-cap, ALiBi, sliding and symmetric windows, the LSE,
 // logits scaled up so that the running max jumps by more than the lazy-rescale slack, 1 and 2
 // threads. Every case checks that the path actually ran (direct_decode_items_run) and that the
 // tile kernel (PAGEDATTN_CPU_DECODE_KERNEL=tile) gives the same answer within tolerance; the
-// items the kernel does not apply to (f16/fp8 caches, f32 activations, blocks of 8/24, D != Dv)
-// are checked to stay on the tile kernel.
+// items a kernel does not apply to (AVX-512: f16/fp8 caches and f32 activations; both: f32
+// caches, blocks of 8/24, D != Dv) are checked to stay on the tile kernel. The AVX2 kernel also
+// runs every cache dtype it reads (f16, fp8 e4m3 with its NaN code, fp8 e5m2).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -28,12 +32,13 @@ using conformance::ConformanceResult;
 
 using conformance::EnvGuard;
 
-// The kernel tables the direct decode kernel lives in: avx512, amx (where AMX runs) and the AMX
-// kernels with an emulated tile unit (wherever avx512 runs).
-enum class Path { avx512, amx, amx_emulated };
+// The kernel tables the direct decode kernels live in: avx2, avx512, amx (where AMX runs) and the
+// AMX kernels with an emulated tile unit (wherever avx512 runs).
+enum class Path { avx2, avx512, amx, amx_emulated };
 
 std::string path_name(const ::testing::TestParamInfo<Path>& info) {
   switch (info.param) {
+    case Path::avx2: return "avx2";
     case Path::avx512: return "avx512";
     case Path::amx: return "amx";
     default: return "amx_emulated";
@@ -44,6 +49,10 @@ class CpuDirectDecode : public ::testing::TestWithParam<Path> {
  protected:
   void SetUp() override {
     switch (GetParam()) {
+      case Path::avx2:
+        if (!isa_supported(Isa::avx2)) GTEST_SKIP() << "avx2 is not available here";
+        set_isa_override(Isa::avx2);
+        break;
       case Path::avx512:
         if (!isa_supported(Isa::avx512)) GTEST_SKIP() << "avx512 is not available here";
         set_isa_override(Isa::avx512);
@@ -130,7 +139,8 @@ class CpuDirectDecode : public ::testing::TestWithParam<Path> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Paths, CpuDirectDecode,
-                         ::testing::Values(Path::avx512, Path::amx, Path::amx_emulated), path_name);
+                         ::testing::Values(Path::avx2, Path::avx512, Path::amx, Path::amx_emulated),
+                         path_name);
 
 // Llama-3-8B's shape (32 q / 8 kv heads, D 128) over contexts that end anywhere in a page.
 TEST_P(CpuDirectDecode, GqaFourLlamaShapeRaggedContexts) {
@@ -222,8 +232,9 @@ TEST_P(CpuDirectDecode, LargeLogitJumpsRescale) {
   expect_direct_matches(c, 502, 10.f);
 }
 
-// What the kernel does not take: f16 and fp8 caches, f32 activations, block sizes that are not
-// multiples of 16, D != Dv. Those fused items run the tile kernel.
+// What a kernel does not take: f32 caches, block sizes that are not multiples of 16, D != Dv, and
+// on the AVX-512 paths also f16 and fp8 caches and f16 activations. Those fused items run the
+// tile kernel.
 TEST_P(CpuDirectDecode, OtherCachesAndBlockSizesStayOnTheTileKernel) {
   const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
   ConformanceCase c;
@@ -232,11 +243,13 @@ TEST_P(CpuDirectDecode, OtherCachesAndBlockSizesStayOnTheTileKernel) {
   c.num_heads = 8;
   c.num_kv_heads = 2;
   c.batch = {{100, 1}, {37, 1}, {64, 1}};
-  c.kv_cache_dtype = "fp8_e4m3";
-  expect_tile_only(c, 601);
-  c.kv_cache_dtype = "auto";
-  c.dtype = DType::f16;
-  expect_tile_only(c, 602);
+  if (GetParam() != Path::avx2) {
+    c.kv_cache_dtype = "fp8_e4m3";
+    expect_tile_only(c, 601);
+    c.kv_cache_dtype = "auto";
+    c.dtype = DType::f16;
+    expect_tile_only(c, 602);
+  }
   c.dtype = DType::f32;
   expect_tile_only(c, 603);
   c.dtype = DType::bf16;
@@ -247,6 +260,76 @@ TEST_P(CpuDirectDecode, OtherCachesAndBlockSizesStayOnTheTileKernel) {
   c.block_size = 16;
   c.head_size_v = 32;  // D != Dv: rows padded to max(D, Dv)
   expect_tile_only(c, 606);
+}
+
+// The AVX2 kernel's other caches: f16 (f16 activations), fp8 e4m3 and e5m2 (bf16 and f32
+// activations, per-tensor and per-head scales), with windows, sinks and soft-cap, both layouts.
+TEST_P(CpuDirectDecode, Avx2ReadsEveryCacheDtype) {
+  if (GetParam() != Path::avx2) GTEST_SKIP() << "the AVX-512 kernel reads bf16 caches only";
+  const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
+  ConformanceCase c;
+  c.head_size = 128;
+  c.num_heads = 16;
+  c.num_kv_heads = 4;
+  c.return_lse = true;
+  c.distribution = conformance::Distribution::normal;
+  c.batch = {{700, 1}, {45, 1}, {256, 2}, {0, 1}, {130, 1}};
+  c.dtype = DType::f16;
+  expect_direct_matches(c, 701);
+  c.dtype = DType::bf16;
+  c.kv_cache_dtype = "fp8_e4m3";
+  expect_direct_matches(c, 702);
+  c.per_head_kv_scales = true;
+  c.sinks = true;
+  c.sliding_window = 200;
+  expect_direct_matches(c, 703);
+  c.kv_cache_dtype = "fp8_e5m2";
+  c.layout = KVCacheLayout::HND;
+  c.soft_cap = 5.f;
+  expect_direct_matches(c, 704);
+  c.dtype = DType::f32;
+  c.head_size = 80;
+  expect_direct_matches(c, 705, 20.f);
+}
+
+// The e4m3 NaN code S.1111.111 in a visible V row reaches the output as NaN on the AVX2 kernel (its
+// fast widening would read it as a finite value; the chunk's check switches to the exact one), in
+// the same rows and dims as the tile kernel: request 0's rows of KV head 1, dim 5 only.
+TEST_P(CpuDirectDecode, Avx2E4m3NanCodeReachesTheOutput) {
+  if (GetParam() != Path::avx2) GTEST_SKIP() << "the AVX-512 kernel reads bf16 caches only";
+  const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
+  ConformanceCase c;
+  c.dtype = DType::bf16;
+  c.kv_cache_dtype = "fp8_e4m3";
+  c.head_size = 64;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.batch = {{100, 1}, {50, 1}};
+  const conformance::CaseInputs inputs = conformance::make_inputs(c, 801);
+  for (DecodeKernel kernel : {DecodeKernel::automatic, DecodeKernel::tile}) {
+    set_decode_kernel_override(kernel);
+    conformance::PreparedRun run = conformance::prepare_run(cpu_backend(), Device::cpu, inputs);
+    const TensorView cache = run.kv_cache.view();  // (2, blocks, block_size, Hkv, D)
+    const int key = 37, head = 1, dim = 5;
+    const int64_t block = static_cast<const int32_t*>(run.step_common.block_table.data())[key / 16];
+    const int64_t at = cache.stride(0) + block * cache.stride(1) + (key % 16) * cache.stride(2) +
+                       head * cache.stride(3) + dim * cache.stride(4);
+    static_cast<uint8_t*>(run.kv_cache.data())[at] = 0x7F;
+    const uint64_t before = direct_decode_items_run();
+    conformance::execute(run);
+    EXPECT_EQ(direct_decode_items_run() - before, kernel == DecodeKernel::automatic ? 2u : 0u);
+    for (int token = 0; token < 2; ++token) {
+      for (int h = 0; h < 8; ++h) {
+        for (int d = 0; d < 64; ++d) {
+          const float x = load_f32(run.output.data(), run.output.dtype(), (token * 8 + h) * 64 + d);
+          const bool expect_nan = token == 0 && h / 4 == head && d == dim;
+          EXPECT_EQ(std::isnan(x), expect_nan) << "token " << token << " head " << h << " dim " << d
+                                               << (kernel == DecodeKernel::tile ? " (tile)" : "");
+        }
+      }
+    }
+  }
+  clear_decode_kernel_override();
 }
 
 TEST(CpuDecodeKernel, ParsesChoicesAndRejectsUnknownNames) {

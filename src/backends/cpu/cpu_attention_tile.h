@@ -25,8 +25,8 @@
 // q tile. Q (rows x D), S, P and O (rows x Dv, f32) live in per-thread scratch (L2).
 // Head-fused items (decode batches, see cpu_plan.cpp) hold the rows of every KV head of one
 // request: each key tile is packed and applied for the KV heads in turn (the rows of head block b
-// sit at b * rows_per_head), so the item walks every head of a page before the next page. (On the
-// AVX-512 and AMX paths, head-fused items over a bf16 cache run cpu_decode_avx512.h instead.)
+// sit at b * rows_per_head), so the item walks every head of a page before the next page. (Where a
+// direct decode kernel applies, head-fused items run it instead: cpu_decode_direct.h.)
 //
 // Memory traffic: each K/V element of the item's key range is read once from the cache per item
 // (decode: once per (request, kv head) — the floor; prefill: once per q tile of kMaxItemRows/G

@@ -126,7 +126,7 @@ struct AttentionArgs {
   bool causal = true;
   bool window_symmetric = false;
   Precision precision = Precision::f32;
-  // Head-fused decode items run the direct decode kernel where it applies (cpu_decode_avx512.h);
+  // Head-fused decode items run the direct decode kernel where it applies (cpu_decode_direct.h);
   // false: always the tile kernel (PAGEDATTN_CPU_DECODE_KERNEL=tile, see decode_kernel()).
   bool direct_decode = true;
 
@@ -184,7 +184,8 @@ void clear_isa_override();
 void set_kernel_table_override(const KernelTable* table);
 
 // Decode kernel choice, read once: env PAGEDATTN_CPU_DECODE_KERNEL = auto (the default: the direct
-// decode kernel for the head-fused decode items it applies to, on the avx512 and amx paths) | tile
+// decode kernel for the head-fused decode items it applies to, on the avx2, avx512 and amx paths,
+// cpu_decode_direct.h) | tile
 // (the tile kernel for every item; for A/B measurements). An unknown value is an Error naming the
 // variable. set_decode_kernel_override (tests, benchmarks) replaces the choice until cleared.
 enum class DecodeKernel : int { automatic = 0, tile = 1 };

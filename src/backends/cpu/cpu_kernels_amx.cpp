@@ -266,7 +266,7 @@ void run_item_amx_impl(const AttentionArgs& args, const WorkItem& item, char* sc
     return;
   }
   if (direct_decode_applies(args, item)) {  // head-fused decode (see the file comment)
-    run_direct_decode(args, item, scratch);
+    run_direct_decode<DirectAvx512>(args, item, scratch);
     count_direct_decode_item();
     return;
   }

@@ -20,7 +20,7 @@ namespace {
 
 void run_item_avx512(const AttentionArgs& args, const WorkItem& item, char* scratch) {
   if (direct_decode_applies(args, item)) {
-    run_direct_decode(args, item, scratch);
+    run_direct_decode<DirectAvx512>(args, item, scratch);
     count_direct_decode_item();
   } else if (args.precision == Precision::bf16_dot) {
     run_item_impl<Bf16Ops>(args, item, scratch);

@@ -1,6 +1,6 @@
 // Where the K/V rows of a key are (paged cache or the current tokens) and whether a row holds a
 // NaN or an infinity: shared by the tile kernel (cpu_attention_tile.h) and the direct decode
-// kernel (cpu_decode_avx512.h). Internal linkage only, as everything the ISA translation units
+// kernels (cpu_decode_direct.h). Internal linkage only, as everything the ISA translation units
 // include (see cpu_kernels.h).
 #pragma once
 

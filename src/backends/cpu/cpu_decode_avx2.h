@@ -1,0 +1,383 @@
+// Direct decode kernel (AVX2, f32 FMA) of the CPU backend: the per-(chunk, KV head) compute of the
+// direct decode driver (cpu_decode_direct.h: head-fused decode items computed on the cache rows in
+// place, no K transpose, no V pack). Included by the AVX2 translation unit
+// (cpu_kernels_avx2.cpp); internal linkage only.
+//
+// Items (direct_decode_avx2_applies): the driver's shape conditions and a bf16, f16, fp8 e4m3 or
+// fp8 e5m2 cache; any activation dtype (Q is converted to f32, as by the tile kernel). Everything
+// else on the AVX2 path (f32 caches, split-KV and cascade items) runs the tile kernel.
+// PAGEDATTN_CPU_DECODE_KERNEL=tile turns it off (cpu_dispatch.cpp).
+//
+// Cache rows are widened to f32 in registers, 16 elements (one group) at a time (widen16):
+//   bf16   one 32-byte load, vpunpck{l,h}wd with zero -> 2 ymm in a permuted dim order (lo = dims
+//          0-3, 8-11 of the group, hi = 4-7, 12-15): Q rows are stored in that order at setup and
+//          O rows are kept in it, put back once per row at the end (unpermute).
+//   f16    vcvtph2ps; e5m2: the byte is the high half of an f16 (vpunpck{l,h}bw, vcvtph2ps).
+//   e4m3   the sign-extended byte << 7 with bits 15, 13..7 kept is the f16 of value / 256
+//          (normal and subnormal codes alike; the 256 folds into the logit scale and the output
+//          normalisation: key_factor, value_factor). Its NaN code S.1111.111 would read as a finite
+//          f16, so each (chunk, head) first checks its K and V rows for it and takes the NaN-exact
+//          conversion (a blend) when one is there.
+// Tiling per (chunk of 16 keys, KV head), rows (query heads x query tokens) in blocks of R <= 4:
+//   S = Q·Kᵀ  key pairs (2i, 2i+1): per group, the two K rows widened once, times the R query rows
+//             (f32, loaded from L1) into 2R ymm accumulators; vhaddps folds each pair into scratch,
+//             and a second hadd level + a 128-bit lane swap gives 2 ymm of 8 logits per row.
+//   softmax   per row: scale, soft-cap, ALiBi, mask, exp, P (f32, 16 values); l kept as 16 lane
+//             sums. Lazy max as cpu_decode_avx512.h (m kept while no logit exceeds it by more than
+//             kDirectRescaleSlack: alpha = 1, O not rescaled; exact).
+//   O += P·V  per group of 16 dims: R x 2 accumulators over the chunk's live keys, each V row
+//             widened once and multiplied by the broadcast P of every row.
+// Per key and row: D + Dv FMAs (8 lanes) and one widening of the key's K and V rows per row
+// block. At G = 4 that is 2 x 8 FMAs per 16 cache elements of K or V (32 bytes of bf16):
+// 8 B/cycle/core with both FMA ports busy, about twice a core's share of DRAM bandwidth on the
+// machines measured, so the kernel is bound by the reads it prefetches (the driver's plan).
+//
+// Precision: exact conversions to f32 (as the AVX2 tile kernel), f32 FMA accumulation, P in f32,
+// one rounding at the output.
+#pragma once
+
+#include "cpu_avx2_ops.h"
+#include "cpu_decode_direct.h"
+
+namespace pagedattn::cpu {
+namespace {
+
+// Whether the AVX2 direct kernel runs this item (see the file comment).
+inline bool direct_decode_avx2_applies(const AttentionArgs& a, const WorkItem& it) {
+  const DType dt = a.kv.dtype;
+  return (dt == DType::bf16 || dt == DType::f16 || dt == DType::fp8_e4m3 ||
+          dt == DType::fp8_e5m2) &&
+         direct_decode_shape_applies(a, it);
+}
+
+// 16 elements of a cache row (type DT) at src, as f32: lo, hi (see the file comment for the
+// order). kNanSafe (e4m3 only): the NaN code reads as NaN.
+template <DType DT, bool kNanSafe>
+__attribute__((always_inline)) inline void widen16(const char* src, __m256& lo, __m256& hi) {
+  if constexpr (DT == DType::bf16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    const __m256i z = _mm256_setzero_si256();
+    lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, x));
+    hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, x));
+  } else if constexpr (DT == DType::f16) {
+    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16)));
+  } else if constexpr (DT == DType::fp8_e5m2) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i z = _mm_setzero_si128();
+    lo = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, x));
+    hi = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, x));
+  } else {
+    static_assert(DT == DType::fp8_e4m3);
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i s0 = _mm_cvtepi8_epi16(x);
+    const __m128i s1 = _mm_cvtepi8_epi16(_mm_unpackhi_epi64(x, x));
+    const __m128i keep = _mm_set1_epi16(static_cast<short>(0xBF80));
+    lo = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(s0, 7), keep));
+    hi = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(s1, 7), keep));
+    if constexpr (kNanSafe) {
+      const __m128i m7f = _mm_set1_epi16(0x7F);
+      const __m256 nan = _mm256_set1_ps(__builtin_nanf(""));
+      const __m256i n0 = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(_mm_and_si128(s0, m7f), m7f));
+      const __m256i n1 = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(_mm_and_si128(s1, m7f), m7f));
+      lo = _mm256_blendv_ps(lo, nan, _mm256_castsi256_ps(n0));
+      hi = _mm256_blendv_ps(hi, nan, _mm256_castsi256_ps(n1));
+    }
+  }
+}
+
+// Whether one of n rows (stride bytes apart) of d fp8 e4m3 values holds the NaN code.
+inline bool e4m3_rows_have_nan(const char* rows, int64_t stride, int n, int d) {
+  const __m128i m7f = _mm_set1_epi8(0x7F);
+  __m128i any = _mm_setzero_si128();
+  for (int t = 0; t < n; ++t) {
+    const char* row = rows + t * stride;
+    for (int j = 0; j < d; j += 16) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + j));
+      any = _mm_or_si128(any, _mm_cmpeq_epi8(_mm_and_si128(x, m7f), m7f));
+    }
+  }
+  return !_mm_testz_si128(any, any);
+}
+
+// 0, computed from x (see zero_after_bits).
+inline int64_t zero_after(__m256 x) {
+  return zero_after_bits(_mm_cvtsi128_si32(_mm_castps_si128(_mm256_castps256_ps128(x))));
+}
+
+template <DType DT>
+constexpr int64_t kElemBytes = DT == DType::bf16 || DT == DType::f16 ? 2 : 1;
+
+// Logits of R rows (q: R rows of D f32 in the kernel's order, row stride D) for the 16 keys of a
+// chunk (key t at k + t * k_stride; from `live` on, the zero row): logits[r][0] lane j = key j,
+// logits[r][1] lane j = key 8 + j. red: scratch of R x 8 x 8 f32. prefetch_into: nullptr or the
+// head's prefetch plan.
+template <DType DT, bool kNanSafe, int R, bool kFull>
+__attribute__((always_inline)) inline void avx2_qk(const float* q, int d, const char* k,
+                                                   int64_t k_stride, int live, float* red,
+                                                   __m256 (*logits)[2],
+                                                   const DirectPrefetch* prefetch_into) {
+  // A local copy: the vector stores below may alias any memory.
+  const bool prefetch = prefetch_into != nullptr;
+  DirectPrefetch pf;
+  if (prefetch) pf = *prefetch_into;
+  const char* zero = reinterpret_cast<const char*>(kZeroRow);
+  for (int tp = 0; tp < kDirectChunk / 2; ++tp) {
+    const char* ka = kFull || 2 * tp < live ? k + (2 * tp) * k_stride : zero;
+    const char* kb = kFull || 2 * tp + 1 < live ? k + (2 * tp + 1) * k_stride : zero;
+    __m256 a[R], b[R];
+    for (int r = 0; r < R; ++r) {
+      a[r] = _mm256_setzero_ps();
+      b[r] = _mm256_setzero_ps();
+    }
+    for (int g = 0; g < d; g += 16) {
+      __m256 al, ah, bl, bh;
+      widen16<DT, kNanSafe>(ka + g * kElemBytes<DT>, al, ah);
+      widen16<DT, kNanSafe>(kb + g * kElemBytes<DT>, bl, bh);
+      for (int r = 0; r < R; ++r) {
+        const float* qr = q + static_cast<size_t>(r) * d + g;
+        const __m256 q0 = _mm256_loadu_ps(qr), q1 = _mm256_loadu_ps(qr + 8);
+        a[r] = _mm256_fmadd_ps(q0, al, a[r]);
+        b[r] = _mm256_fmadd_ps(q0, bl, b[r]);
+        a[r] = _mm256_fmadd_ps(q1, ah, a[r]);
+        b[r] = _mm256_fmadd_ps(q1, bh, b[r]);
+      }
+    }
+    // [a01, a23, b01, b23 | a45, a67, b45, b67] (sums of adjacent lanes)
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(red + (r * 8 + tp) * 8, _mm256_hadd_ps(a[r], b[r]));
+    if (prefetch) direct_prefetch_pair(pf, tp, zero_after(b[0]));  // rows 2tp, 2tp + 1
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* x = red + r * 64;
+    for (int half = 0; half < 2; ++half) {
+      const float* h = x + half * 32;
+      // keys 4i .. 4i+3 of the half: lower 128 bits the sums of dims' first half, upper the second
+      const __m256 g0 = _mm256_hadd_ps(_mm256_loadu_ps(h), _mm256_loadu_ps(h + 8));
+      const __m256 g1 = _mm256_hadd_ps(_mm256_loadu_ps(h + 16), _mm256_loadu_ps(h + 24));
+      logits[r][half] = _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20),
+                                      _mm256_permute2f128_ps(g0, g1, 0x31));
+    }
+  }
+}
+
+// Online softmax of rows [row0, row0 + rows) over one chunk (logits as avx2_qk; keys t0 ..): P (f32)
+// into the P scratch, m, l (lane sums) and alpha updated. Returns whether any row's O needs
+// rescaling (alpha != 1). Not a template: one copy for every register block shape.
+inline bool avx2_direct_softmax(const ItemContext& c, float* lsum, int row0, int rows,
+                                const __m256 (*logits)[2], int t0) {
+  const AttentionArgs& a = *c.args;
+  const __m256i kpos0 =
+      _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(t0));
+  const __m256i kpos[2] = {kpos0, _mm256_add_epi32(kpos0, _mm256_set1_epi32(8))};
+  const __m256 vscale = _mm256_set1_ps(c.logit_scale);
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  const __m256 lowest = _mm256_set1_ps(kLowestFinite);
+  const bool capped = a.soft_cap > 0.f;
+  const bool alibi = a.alibi_slopes != nullptr;
+  float* p = static_cast<float*>(c.p) + static_cast<size_t>(row0) * kDirectChunk;
+  bool rescale = false;
+  for (int r = 0; r < rows; ++r) {
+    const int i = row0 + r;
+    const __m256i lo = _mm256_set1_epi32(c.lo[i] - 1), hi = _mm256_set1_epi32(c.hi[i]);
+    __m256 x[2];
+    for (int h = 0; h < 2; ++h) {
+      x[h] = _mm256_mul_ps(logits[r][h], vscale);
+      if (capped) {
+        x[h] = _mm256_mul_ps(_mm256_set1_ps(a.soft_cap),
+                             vec_tanh<Vec256>(_mm256_mul_ps(x[h], _mm256_set1_ps(1.f / a.soft_cap))));
+      }
+      if (alibi) {
+        const __m256 dist = Vec256::abs(
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_set1_epi32(c.pos[i]), kpos[h])));
+        x[h] = _mm256_fnmadd_ps(_mm256_set1_ps(c.slope[i]), dist, x[h]);
+      }
+      const __m256i valid =
+          _mm256_and_si256(_mm256_cmpgt_epi32(kpos[h], lo), _mm256_cmpgt_epi32(hi, kpos[h]));
+      x[h] = _mm256_blendv_ps(neg_inf, x[h], _mm256_castsi256_ps(valid));
+    }
+    const float m_old = c.m[i];
+    float m_new = m_old;
+    float alpha = 1.f;  // O and l are 0 while m_old = -inf: nothing to rescale then either
+    // Some logit above m_old + slack (always the case for the first visible chunk, m_old = -inf).
+    const __m256 threshold = _mm256_set1_ps(m_old + kDirectRescaleSlack);
+    if (_mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(x[0], threshold, _CMP_GT_OQ),
+                                        _mm256_cmp_ps(x[1], threshold, _CMP_GT_OQ))) != 0) {
+      m_new = Vec256::hmax(_mm256_max_ps(x[0], x[1]));
+      if (m_old != kNegInf) {
+        alpha = std::exp(m_old - m_new);
+        rescale = true;
+      }
+      c.m[i] = m_new;
+    }
+    c.alpha[i] = alpha;
+    float* prow = p + r * kDirectChunk;
+    if (m_new == kNegInf) {  // nothing visible yet
+      std::memset(prow, 0, kDirectChunk * sizeof(float));
+      continue;
+    }
+    const __m256 vm = _mm256_set1_ps(m_new), valpha = _mm256_set1_ps(alpha);
+    float* l = lsum + static_cast<size_t>(i) * kDirectChunk;
+    for (int h = 0; h < 2; ++h) {
+      // masked (-inf) lanes give 0, as the tile kernel's softmax
+      const __m256 e = _mm256_and_ps(Vec256::exp(_mm256_sub_ps(x[h], vm)),
+                                     _mm256_cmp_ps(x[h], lowest, _CMP_GE_OQ));
+      _mm256_storeu_ps(prow + 8 * h, e);
+      _mm256_storeu_ps(l + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(l + 8 * h), valpha, e));
+    }
+  }
+  return rescale;
+}
+
+// O[r] += P[r] · V over the chunk's keys (keys t0 + j). Each V row is read only for the rows that
+// can see its key (lo[r] <= key < hi[r], key < t0 + live): keys every row of the block sees run
+// for all rows at once; the few "ragged" ones (a causal end between the tokens of a multi-token
+// decode, a window start) row by row; keys no row sees are not read. So a row never multiplies a V
+// row it cannot see (P = 0 would keep a NaN or an infinity there: 0 * NaN = NaN), and the output
+// does not depend on what masked slots hold.
+template <DType DT, bool kNanSafe, int R, bool kFull>
+__attribute__((always_inline)) inline void avx2_pv(float* o, int dv, const float* p, const char* v,
+                                                   int64_t v_stride, int live, const int32_t* lo,
+                                                   const int32_t* hi, int t0) {
+  int lo_all = 0, hi_all = kFull ? kDirectChunk : live, lo_any = hi_all, hi_any = 0;
+  for (int r = 0; r < R; ++r) {
+    lo_all = imax(lo_all, lo[r] - t0);
+    hi_all = imin(hi_all, hi[r] - t0);
+    lo_any = imin(lo_any, lo[r] - t0);
+    hi_any = imax(hi_any, hi[r] - t0);
+  }
+  lo_any = imax(lo_any, 0);
+  hi_any = imin(hi_any, kFull ? kDirectChunk : live);
+  if (hi_all < lo_all) lo_all = hi_all = hi_any;  // no key seen by every row: all ragged
+  for (int g = 0; g < dv; g += 16) {
+    __m256 acc[R][2];
+    for (int r = 0; r < R; ++r) {
+      acc[r][0] = _mm256_loadu_ps(o + static_cast<size_t>(r) * dv + g);
+      acc[r][1] = _mm256_loadu_ps(o + static_cast<size_t>(r) * dv + g + 8);
+    }
+    const char* vg = v + g * kElemBytes<DT>;
+#pragma GCC unroll 4
+    for (int t = lo_all; t < hi_all; ++t) {
+      __m256 vl, vh;
+      widen16<DT, kNanSafe>(vg + t * v_stride, vl, vh);
+      for (int r = 0; r < R; ++r) {
+        const __m256 pb = _mm256_broadcast_ss(p + r * kDirectChunk + t);
+        acc[r][0] = _mm256_fmadd_ps(pb, vl, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(pb, vh, acc[r][1]);
+      }
+    }
+    for (int t = lo_any; t < hi_any; ++t) {  // ragged keys: the rows that see them
+      if (t == lo_all) t = hi_all;
+      if (t >= hi_any) break;
+      __m256 vl, vh;
+      widen16<DT, kNanSafe>(vg + t * v_stride, vl, vh);
+      for (int r = 0; r < R; ++r) {
+        if (t0 + t < lo[r] || t0 + t >= hi[r]) continue;
+        const __m256 pb = _mm256_broadcast_ss(p + r * kDirectChunk + t);
+        acc[r][0] = _mm256_fmadd_ps(pb, vl, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(pb, vh, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm256_storeu_ps(o + static_cast<size_t>(r) * dv + g, acc[r][0]);
+      _mm256_storeu_ps(o + static_cast<size_t>(r) * dv + g + 8, acc[r][1]);
+    }
+  }
+}
+
+// The AVX2 kernel of the direct decode driver (cpu_decode_direct.h).
+struct DirectAvx2 {
+  // Swaps the middle 128-bit quarters of each 16-float group: the bf16 widening order, and back.
+  static void swap_quarters(const float* src, float* dst, int n) {
+    for (int g = 0; g < n; g += 16) {
+      const __m256 x = _mm256_loadu_ps(src + g), y = _mm256_loadu_ps(src + g + 8);
+      _mm256_storeu_ps(dst + g, _mm256_permute2f128_ps(x, y, 0x20));
+      _mm256_storeu_ps(dst + g + 8, _mm256_permute2f128_ps(x, y, 0x31));
+    }
+  }
+
+  static void setup(ItemContext& c) {
+    setup_item_rows<F32Ops<Vec256>>(c);  // Q rows as f32 (dimension order), masks; O = 0
+    if (c.args->kv.dtype == DType::bf16) {
+      float* q = static_cast<float*>(c.q);
+      for (int row = 0; row < c.rows; ++row) {
+        float* qr = q + static_cast<size_t>(row) * c.head_size;
+        swap_quarters(qr, qr, c.head_size);
+      }
+    }
+  }
+
+  static float key_factor(const AttentionArgs& a) {
+    return a.kv.dtype == DType::fp8_e4m3 ? 256.f : 1.f;
+  }
+  static float value_factor(const AttentionArgs& a) { return key_factor(a); }
+
+  static void unpermute(const AttentionArgs& a, const float* o, float* dst, int dv) {
+    if (a.kv.dtype == DType::bf16) {
+      swap_quarters(o, dst, dv);
+    } else {
+      std::memcpy(dst, o, static_cast<size_t>(dv) * sizeof(float));
+    }
+  }
+
+  template <DType DT, bool kNanSafe, bool kFull>
+  static void rows_of(const ItemContext& c, float* lsum, float* red, int row0, int rows,
+                      const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
+                      int live, const DirectPrefetch& pf) {
+    const int d = c.head_size, dv = c.head_size_v;
+    for (int rb = 0; rb < rows; rb += kDirectRowBlock) {
+      const int i = row0 + rb;
+      with_static_int<kDirectRowBlock>(imin(kDirectRowBlock, rows - rb), [&](auto rr) {
+        constexpr int R = decltype(rr)::value;
+        __m256 logits[R][2];
+        avx2_qk<DT, kNanSafe, R, kFull>(static_cast<const float*>(c.q) + static_cast<size_t>(i) * d,
+                                        d, k, k_stride, live, red, logits,
+                                        rb == 0 ? &pf : nullptr);  // prefetch once per head
+        float* o = c.o + static_cast<size_t>(i) * dv;
+        if (avx2_direct_softmax(c, lsum, i, R, logits, t0)) {  // rare (lazy max): O *= alpha
+          for (int r = 0; r < R; ++r) {
+            const __m256 alpha = _mm256_set1_ps(c.alpha[i + r]);
+            float* row = o + static_cast<size_t>(r) * dv;
+            for (int j = 0; j < dv; j += 8)
+              _mm256_storeu_ps(row + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), alpha));
+          }
+        }
+        avx2_pv<DT, kNanSafe, R, kFull>(
+            o, dv, static_cast<const float*>(c.p) + static_cast<size_t>(i) * kDirectChunk, v,
+            v_stride, live, c.lo + i, c.hi + i, t0);
+      });
+    }
+  }
+
+  template <bool kFull>
+  static void head_chunk(const ItemContext& c, float* lsum, float* red, int row0, int rows,
+                         const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
+                         int live, const DirectPrefetch& pf) {
+    switch (c.args->kv.dtype) {
+      case DType::bf16:
+        rows_of<DType::bf16, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride, t0,
+                                           live, pf);
+        break;
+      case DType::f16:
+        rows_of<DType::f16, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride, t0,
+                                          live, pf);
+        break;
+      case DType::fp8_e5m2:
+        rows_of<DType::fp8_e5m2, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride,
+                                               t0, live, pf);
+        break;
+      default:  // fp8_e4m3 (direct_decode_avx2_applies): the NaN-exact widening where needed
+        if (e4m3_rows_have_nan(k, k_stride, live, c.head_size) ||
+            e4m3_rows_have_nan(v, v_stride, live, c.head_size_v)) {
+          rows_of<DType::fp8_e4m3, true, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride,
+                                                t0, live, pf);
+        } else {
+          rows_of<DType::fp8_e4m3, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v,
+                                                 v_stride, t0, live, pf);
+        }
+        break;
+    }
+  }
+};
+
+}  // namespace
+}  // namespace pagedattn::cpu

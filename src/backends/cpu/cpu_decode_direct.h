@@ -1,0 +1,243 @@
+// The direct decode driver of the CPU backend, shared by its ISA kernels (cpu_decode_avx512.h:
+// AVX-512 BF16; cpu_decode_avx2.h: AVX2 f32). Internal linkage only (see cpu_kernels.h).
+//
+// A direct decode kernel computes the same as cpu_attention_tile.h for one head-fused decode item
+// (all KV heads of one request, final output rows, no cascade prefix), on the cache rows in place:
+// no K transpose, no V pack. The driver here walks the keys in chunks of 16 (one page, or a
+// 16-key part of one), and per chunk the KV heads in turn, so consecutive reads walk whole pages;
+// for each (chunk, head) the ISA kernel computes S = Q·Kᵀ for the head's rows, the online
+// softmax, and O += P·V (Kernel::head_chunk). It owns what every ISA shares: which items apply
+// (direct_decode_shape_applies), the chunk addresses, the prefetch plan (DirectPrefetch), the
+// per-head fp8 scales and the finalisation of the rows.
+//
+// Kernel interface (a struct of static members):
+//   setup(c)          the item's rows (Q in the kernel's layout, masks; m = -inf, O = 0).
+//   head_chunk<kFull>(c, lsum, red, row0, rows, k, k_token, v, v_token, t0, live, pf)
+//                     rows [row0, row0 + rows) of one KV head over the chunk at key t0 (live
+//                     keys; kFull = all 16), prefetching what pf names once per head.
+//   key_factor(a), value_factor(a)
+//                     constant factors of the kernel's conversion (1, or 256 where the kernel
+//                     reads fp8 e4m3 as f16 = value / 256), folded into the logit scale and the
+//                     output normalisation.
+//   unpermute(a, o, dst, dv)
+//                     one O row in dimension order (the kernel may keep O dims permuted).
+// Scratch the kernels use: lsum = c.s (rows x 16 lane sums of l), red = c.k (Q·Kᵀ partial sums),
+// c.p (P rows), c.o (O rows).
+#pragma once
+
+#include <cstdint>
+
+#include "cpu_attention_tile.h"
+
+namespace pagedattn::cpu {
+namespace {
+
+constexpr int kDirectChunk = 16;            // keys per chunk
+constexpr int kDirectRowBlock = 4;          // rows per register block
+constexpr int kDirectPrefetchChunks = 2;    // L2 prefetch distance, in chunks
+constexpr float kDirectRescaleSlack = 8.f;  // lazy max: keep m while a chunk exceeds it by <= 8
+
+// A chunk of the cache (16 keys x `heads` KV heads of D elements) is one contiguous run (NHD
+// with dense rows: head stride D, token stride heads * D) or one run of 16 rows per head (HND with
+// dense rows: token stride D). Other strides (views of a larger cache, or D != Dv, whose rows are
+// padded to max(D, Dv)) take the tile kernel.
+inline bool direct_decode_dense(int64_t token_stride, int64_t head_stride, int d, int heads) {
+  return (head_stride == d && token_stride == static_cast<int64_t>(heads) * d) || token_stride == d;
+}
+
+// Whether the keys this item reads but some of its rows cannot see hold a NaN or infinite value:
+// the keys of the first 16-key chunk before the first visible one (a sliding window's start) and,
+// for several query tokens, the keys seen by some tokens only (causal ends, window starts). A
+// kernel that multiplies their V rows by P = 0 keeps NaN (0 * NaN); for such a kernel these items
+// (rare) take the tile kernel, which gives those rows V tiles without them (cpu_attention_tile.h).
+inline bool direct_decode_reads_masked_non_finite(const AttentionArgs& a, const WorkItem& it) {
+  const int r = it.req_begin;
+  const int q_first = a.query_start_loc[r];
+  const int kv_len = a.seq_lens[r];
+  int min_lo = kv_len, max_lo = 0, min_hi = kv_len, max_hi = 0;
+  for (int t = it.tok_begin; t < it.tok_end; ++t) {  // as setup_item_rows
+    const int pos = a.first_query_pos[r] + (t - q_first);
+    int lo = 0;
+    int hi = a.causal ? imin(kv_len, pos + 1) : kv_len;
+    if (a.window > 0) {
+      lo = imax(0, pos - (a.window - 1));
+      if (a.window_symmetric) hi = imin(hi, pos + a.window);
+    }
+    min_lo = imin(min_lo, lo);
+    max_lo = imax(max_lo, lo);
+    min_hi = imin(min_hi, hi);
+    max_hi = imax(max_hi, hi);
+  }
+  const int begin = imax(it.kv_begin, min_lo), end = imin(it.kv_end, max_hi);
+  if (begin >= end) return false;
+  const int first = begin & ~(kDirectChunk - 1);
+  const int heads = it.num_kv_heads;
+  return values_non_finite(a, r, it.kv_head, heads, first, imin(imax(max_lo, begin), end)) ||
+         values_non_finite(a, r, it.kv_head, heads, imax(min_hi, begin), end);
+}
+
+// The item conditions every direct kernel shares (see the file comment): head-fused, final rows, a
+// paged cache with dense rows and a block size that is a multiple of 16, D = Dv; the ISA kernels
+// add their dtype and head-size conditions.
+inline bool direct_decode_shape_applies(const AttentionArgs& a, const WorkItem& it) {
+  return a.direct_decode && it.num_kv_heads > 1 && it.partial_base < 0 && it.prefix_len == 0 &&
+         it.req_end - it.req_begin == 1 && a.kv.paged && a.kv.block_size % kDirectChunk == 0 &&
+         a.head_size == a.head_size_v &&
+         direct_decode_dense(a.kv.k_token_stride, a.kv.k_head_stride, a.head_size,
+                             it.num_kv_heads) &&
+         direct_decode_dense(a.kv.v_token_stride, a.kv.v_head_stride, a.head_size, it.num_kv_heads);
+}
+
+// What one head's Q·Kᵀ loop prefetches, spread over its key pairs (16 rows per head):
+//   L2 (prefetcht1; l2_k, l2_v): the head's 1/heads share of the chunk kDirectPrefetchChunks
+//   ahead, DRAM -> L2: NHD = 16 consecutive rows of the chunk's single run (so the heads in turn
+//   walk the whole chunk front to back), HND = the head's own 16 rows;
+//   L1 (prefetcht0; l1_v, l1_k): this head's V rows of this chunk (read right after the loop) and
+//   the next head's K rows (the next chunk's first head after the last one), L2 -> L1. Without
+//   it the strided rows of one head were read from L2 with their latency exposed (measured +40%
+//   single-thread with it).
+// Every pointer is valid to prefetch (where there is nothing left to fetch it points at data that
+// is already cached): prefetches never fault, and no branch is needed.
+struct DirectPrefetch {
+  const char* l2_k = nullptr;
+  const char* l2_v = nullptr;
+  const char* l1_v = nullptr;
+  const char* l1_k = nullptr;
+  int64_t k_stride = 0, v_stride = 0;  // bytes between keys (rows) for l1_k, l1_v
+  int64_t row_bytes = 0;               // bytes of one K (= V) row
+};
+
+// 0, computed from the bits of x: an offset that makes a prefetch address wait for x (`and $0` is
+// not one of x86's dependency-breaking zero idioms, and the compiler cannot see through the asm).
+// Adding it to a key pair's prefetch addresses paces the prefetches: the core issues them as the
+// pair's dot products complete instead of running ahead and issuing a whole head's prefetches at
+// once, which measured ~10% slower on decode 16 x 4k (docs/perf/cpu.md).
+inline int64_t zero_after_bits(int32_t bits) {
+  int64_t v = bits;
+  asm("and $0, %0" : "+r"(v));
+  return v;
+}
+
+// The prefetches of key pair tp (rows 2tp, 2tp + 1) of a head's chunk; pace = zero_after_bits(...).
+__attribute__((always_inline)) inline void direct_prefetch_pair(const DirectPrefetch& pf, int tp,
+                                                                int64_t pace) {
+  const int64_t lines = (pf.row_bytes + 63) / 64;
+  const char* l2_k = pf.l2_k + tp * 2 * pf.row_bytes + pace;
+  const char* l2_v = pf.l2_v + tp * 2 * pf.row_bytes + pace;
+  const char* l1_v = pf.l1_v + (2 * tp) * pf.v_stride + pace;
+  const char* l1_k = pf.l1_k + (2 * tp) * pf.k_stride + pace;
+  for (int64_t l = 0; l < 2 * pf.row_bytes; l += 64) __builtin_prefetch(l2_k + l, 0, 2);
+  for (int64_t l = 0; l < 2 * pf.row_bytes; l += 64) __builtin_prefetch(l2_v + l, 0, 2);
+  for (int64_t l = 0; l < lines; ++l) {
+    __builtin_prefetch(l1_v + 64 * l, 0, 3);
+    __builtin_prefetch(l1_v + pf.v_stride + 64 * l, 0, 3);
+    __builtin_prefetch(l1_k + 64 * l, 0, 3);
+    __builtin_prefetch(l1_k + pf.k_stride + 64 * l, 0, 3);
+  }
+}
+
+// Runs one item that direct_decode_shape_applies() and the Kernel's own conditions accept.
+template <class Kernel>
+inline void run_direct_decode(const AttentionArgs& a, const WorkItem& it, char* scratch) {
+  ItemContext c = make_item_context(a, it, scratch);
+  Kernel::setup(c);
+  float* lsum = c.s;                      // (rows, 16) lane sums of l
+  float* red = static_cast<float*>(c.k);  // Q·Kᵀ partial sums
+  std::memset(lsum, 0, static_cast<size_t>(c.rows) * kDirectChunk * sizeof(float));
+  const int G = c.group;
+  const int heads = it.num_kv_heads;
+  const int rows_per_head = (it.tok_end - it.tok_begin) * G;
+
+  int vis_lo = c.lo[0], vis_hi = c.hi[0];
+  for (int i = 1; i < c.rows; ++i) {
+    vis_lo = imin(vis_lo, c.lo[i]);
+    vis_hi = imax(vis_hi, c.hi[i]);
+  }
+  const int begin = imax(it.kv_begin, vis_lo);
+  const int end = imin(it.kv_end, vis_hi);
+
+  const KvSource& kv = a.kv;
+  const int64_t eb = static_cast<int64_t>(elem_bytes(kv.dtype));
+  const int64_t k_token = kv.k_token_stride * eb, k_head = kv.k_head_stride * eb;
+  const int64_t k_block = kv.k_block_stride * eb;
+  const int64_t v_token = kv.v_token_stride * eb, v_head = kv.v_head_stride * eb;
+  const int64_t v_block = kv.v_block_stride * eb;
+  const char* k_base = static_cast<const char*>(kv.key) + it.kv_head * k_head;
+  const char* v_base = static_cast<const char*>(kv.value) + it.kv_head * v_head;
+  const int32_t* blocks =
+      kv.block_table + static_cast<int64_t>(it.req_begin) * kv.block_table_stride;
+  const int bs = kv.block_size;
+  const int64_t row_bytes = static_cast<int64_t>(c.head_size) * eb;
+  // Bytes between the L2-prefetch shares of consecutive heads (see DirectPrefetch).
+  const int64_t k_share = k_token > k_head ? kDirectChunk * row_bytes : k_head;
+  const int64_t v_share = v_token > v_head ? kDirectChunk * row_bytes : v_head;
+  auto chunk_k = [&](int t0) {
+    return k_base + static_cast<int64_t>(blocks[t0 / bs]) * k_block + (t0 % bs) * k_token;
+  };
+  auto chunk_v = [&](int t0) {
+    return v_base + static_cast<int64_t>(blocks[t0 / bs]) * v_block + (t0 % bs) * v_token;
+  };
+  // Per KV head: the logit scale (scale * k_scale; fp8 caches may scale per head).
+  const float key_factor = Kernel::key_factor(a);
+
+  if (begin < end) {
+    const int first = begin & ~(kDirectChunk - 1);
+    // The first chunks into L2 (the loop fetches kDirectPrefetchChunks ahead).
+    for (int j = 0; j < kDirectPrefetchChunks && first + j * kDirectChunk < end; ++j) {
+      const char* k = chunk_k(first + j * kDirectChunk);
+      const char* v = chunk_v(first + j * kDirectChunk);
+      for (int b = 0; b < heads; ++b) {
+        for (int64_t line = 0; line < kDirectChunk * row_bytes; line += 64) {
+          __builtin_prefetch(k + b * k_share + line, 0, 2);
+          __builtin_prefetch(v + b * v_share + line, 0, 2);
+        }
+      }
+    }
+    DirectPrefetch pf;
+    pf.k_stride = k_token;
+    pf.v_stride = v_token;
+    pf.row_bytes = row_bytes;
+    for (int t0 = first; t0 < end; t0 += kDirectChunk) {
+      const int live = imin(kDirectChunk, end - t0);
+      const char* k = chunk_k(t0);
+      const char* v = chunk_v(t0);
+      const int ahead = t0 + kDirectPrefetchChunks * kDirectChunk;
+      const char* k_ahead = ahead < end ? chunk_k(ahead) : k;  // nothing left: refetch this one
+      const char* v_ahead = ahead < end ? chunk_v(ahead) : v;
+      const char* k_next = t0 + kDirectChunk < end ? chunk_k(t0 + kDirectChunk) : k;
+      for (int b = 0; b < heads; ++b) {
+        pf.l2_k = k_ahead + b * k_share;
+        pf.l2_v = v_ahead + b * v_share;
+        pf.l1_v = v + b * v_head;
+        pf.l1_k = b + 1 < heads ? k + (b + 1) * k_head : k_next;
+        c.logit_scale = a.scale * kv_key_scale(a, it.kv_head + b) * key_factor;
+        if (live == kDirectChunk) {
+          Kernel::template head_chunk<true>(c, lsum, red, b * rows_per_head, rows_per_head,
+                                            k + b * k_head, k_token, v + b * v_head, v_token, t0,
+                                            live, pf);
+        } else {  // the last chunk of the keys: dead rows are not read
+          Kernel::template head_chunk<false>(c, lsum, red, b * rows_per_head, rows_per_head,
+                                             k + b * k_head, k_token, v + b * v_head, v_token, t0,
+                                             live, pf);
+        }
+      }
+    }
+  }
+
+  // Finalize: O in dimension order, l from its lane sums, the fp8 value scale of its head.
+  const int dv = c.head_size_v;
+  const float value_factor = Kernel::value_factor(a);
+  for (int row = 0; row < c.rows; ++row) {
+    Kernel::unpermute(a, c.o + static_cast<size_t>(row) * dv, c.temp, dv);
+    const float* lanes = lsum + static_cast<size_t>(row) * kDirectChunk;
+    float l = 0.f;
+    for (int j = 0; j < kDirectChunk; ++j) l += lanes[j];
+    const int block = row / rows_per_head, local = row % rows_per_head;
+    const int kv_head = it.kv_head + block;
+    finalize_row(a, c.temp, c.m[row], l, it.tok_begin + local / G, kv_head * G + local % G,
+                 kv_value_scale(a, kv_head) * value_factor);
+  }
+}
+
+}  // namespace
+}  // namespace pagedattn::cpu
