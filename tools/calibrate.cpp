@@ -2,7 +2,7 @@
 //
 // Copy bandwidth: two 128 MiB buffers (4x a large L3), each thread copies its contiguous share
 // with memcpy; best of 5 repetitions after a first-touch pass; bytes = 2 * size (read + write).
-// FMA: each thread keeps kFmaChains independent accumulators in vector registers and updates
+// FMA (at the width of the CPU kernel path that runs): each thread keeps kFmaChains independent accumulators in vector registers and updates
 // them acc = acc * a + b for a fixed number of iterations; kFmaChains >= latency x FMA ports
 // (4 x 2 on current x86) keeps both pipes busy. FLOPs = 2 * lanes * chains * iterations.
 // AMX: four independent 16x16 fp32 accumulator tiles fed by two A and two B bf16 tiles
@@ -30,6 +30,7 @@
 #include <sys/syscall.h>
 #endif
 
+#include "../src/backends/cpu/cpu_kernels.h"
 #include "cli_common.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
@@ -147,11 +148,14 @@ struct FmaKernel {
   float (*loop)(int64_t);
 };
 
+// The FMA width of the CPU kernel path that runs (PAGEDATTN_CPU_ISA or the best the CPU has): the
+// avx512 / amx kernels compute in 16 lanes, the avx2 ones in 8 (an AVX-512F CPU without
+// AVX512_BF16 runs the avx2 path), the scalar ones in the compiler's portable vectors.
 FmaKernel pick_fma_kernel() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return {"avx512", 16, fma_loop_avx512};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {"avx2", 8, fma_loop_avx2};
+  const cpu::Isa isa = cpu::active_kernels().isa;
+  if (isa == cpu::Isa::avx512 || isa == cpu::Isa::amx) return {"avx512", 16, fma_loop_avx512};
+  if (isa == cpu::Isa::avx2) return {"avx2", 8, fma_loop_avx2};
 #endif
   return {"generic", 4, fma_loop_generic};
 }
@@ -341,8 +345,10 @@ void save_cache(json j) {
   if (ec) throw Error("PAGEDATTN_CALIBRATION", "calibrate: cannot write the calibration cache " + path.string() + ": " + ec.message());
 }
 
+// The kernel path is part of the key: its FMA width is what the entry measured.
 std::string cpu_key(const std::string& model, int threads) {
-  return "cpu|" + model + "|threads=" + std::to_string(threads);
+  return "cpu|" + model + "|threads=" + std::to_string(threads) + "|path=" +
+         cpu::active_kernels().name;
 }
 std::string gpu_key(int index, const std::string& name) { return "cuda|" + std::to_string(index) + "|" + name; }
 

@@ -27,7 +27,7 @@ struct CpuCalibration {
   int threads = 0;
   double copy_bandwidth = 0;     // bytes/s (read + write)
   double fma_flops = 0;          // fp32 FLOP/s over all threads
-  std::string fma_isa;           // "avx512", "avx2", "generic"
+  std::string fma_isa;           // "avx512", "avx2", "generic": the CPU kernel path's width
   bool amx_present = false;
   double amx_bf16_flops = 0;     // bf16 FLOP/s (0 when absent)
   std::string measured_at;       // ISO-8601 UTC
