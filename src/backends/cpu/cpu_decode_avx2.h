@@ -105,6 +105,30 @@ inline int64_t zero_after(__m256 x) {
   return zero_after_bits(_mm_cvtsi128_si32(_mm_castps_si128(_mm256_castps256_ps128(x))));
 }
 
+// The prefetches of key pair tp, into L1: this head's V rows 2tp, 2tp + 1 (read by P·V right after
+// the loop) and the K rows kAvx2KeyLookahead keys ahead, running on into the next head's rows. A
+// head's K rows sit a token stride apart (2 KiB in an NHD page), which the L1 streamer does not
+// follow: without the lookahead Q·Kᵀ waited on each of them from L2 (the loop alone on L2-resident
+// rows: 1489 -> 853 cycles per (chunk, head)). Unlike the AVX-512 kernel this one issues no L2
+// prefetches of the chunks ahead (the driver's plan): on the AVX2 machine measured the hardware
+// prefetchers kept up without them and the prefetch instructions cost 12-16% of decode 16x4k
+// (docs/perf/cpu.md).
+constexpr int kAvx2KeyLookahead = 4;
+
+__attribute__((always_inline)) inline void avx2_prefetch_pair(const DirectPrefetch& pf, int tp,
+                                                              int64_t pace) {
+  const char* l1_v = pf.l1_v + (2 * tp) * pf.v_stride + pace;
+  const int j = 2 * tp + kAvx2KeyLookahead;  // the next K rows: this head's, then the next head's
+  const char* l1_k = (j < kDirectChunk ? pf.k_rows + j * pf.k_stride
+                                       : pf.l1_k + (j - kDirectChunk) * pf.k_stride) + pace;
+  for (int64_t l = 0; l < pf.row_bytes; l += 64) {
+    __builtin_prefetch(l1_v + l, 0, 3);
+    __builtin_prefetch(l1_v + pf.v_stride + l, 0, 3);
+    __builtin_prefetch(l1_k + l, 0, 3);
+    __builtin_prefetch(l1_k + pf.k_stride + l, 0, 3);
+  }
+}
+
 template <DType DT>
 constexpr int64_t kElemBytes = DT == DType::bf16 || DT == DType::f16 ? 2 : 1;
 
@@ -136,7 +160,10 @@ __attribute__((always_inline)) inline void avx2_qk(const float* q, int d, const 
       widen16<DT, kNanSafe>(kb + g * kElemBytes<DT>, bl, bh);
       for (int r = 0; r < R; ++r) {
         const float* qr = q + static_cast<size_t>(r) * d + g;
-        const __m256 q0 = _mm256_loadu_ps(qr), q1 = _mm256_loadu_ps(qr + 8);
+        __m256 q0 = _mm256_loadu_ps(qr), q1 = _mm256_loadu_ps(qr + 8);
+        // In registers: as memory operands of both keys' FMAs each Q vector would be loaded
+        // twice, and the loop would be bound by its loads (20 per 16 FMAs) instead of its FMAs.
+        asm("" : "+x"(q0), "+x"(q1));
         a[r] = _mm256_fmadd_ps(q0, al, a[r]);
         b[r] = _mm256_fmadd_ps(q0, bl, b[r]);
         a[r] = _mm256_fmadd_ps(q1, ah, a[r]);
@@ -145,7 +172,7 @@ __attribute__((always_inline)) inline void avx2_qk(const float* q, int d, const 
     }
     // [a01, a23, b01, b23 | a45, a67, b45, b67] (sums of adjacent lanes)
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(red + (r * 8 + tp) * 8, _mm256_hadd_ps(a[r], b[r]));
-    if (prefetch) direct_prefetch_pair(pf, tp, zero_after(b[0]));  // rows 2tp, 2tp + 1
+    if (prefetch) avx2_prefetch_pair(pf, tp, zero_after(b[0]));
   }
   for (int r = 0; r < R; ++r) {
     const float* x = red + r * 64;

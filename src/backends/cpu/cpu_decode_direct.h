@@ -103,7 +103,8 @@ struct DirectPrefetch {
   const char* l2_v = nullptr;
   const char* l1_v = nullptr;
   const char* l1_k = nullptr;
-  int64_t k_stride = 0, v_stride = 0;  // bytes between keys (rows) for l1_k, l1_v
+  const char* k_rows = nullptr;        // this head's K rows of this chunk
+  int64_t k_stride = 0, v_stride = 0;  // bytes between keys (rows) for l1_k, l1_v, k_rows
   int64_t row_bytes = 0;               // bytes of one K (= V) row
 };
 
@@ -210,6 +211,7 @@ inline void run_direct_decode(const AttentionArgs& a, const WorkItem& it, char* 
         pf.l2_v = v_ahead + b * v_share;
         pf.l1_v = v + b * v_head;
         pf.l1_k = b + 1 < heads ? k + (b + 1) * k_head : k_next;
+        pf.k_rows = k + b * k_head;
         c.logit_scale = a.scale * kv_key_scale(a, it.kv_head + b) * key_factor;
         if (live == kDirectChunk) {
           Kernel::template head_chunk<true>(c, lsum, red, b * rows_per_head, rows_per_head,
