@@ -51,7 +51,7 @@ struct BenchCase {
   std::string grid;   // decode / prefill / mixed
   std::string name;
   int head_size = 128;
-  std::string kv_cache_dtype = "auto";  // auto (bf16) or fp8_e4m3
+  std::string kv_cache_dtype = "auto";  // auto (bf16), fp8_e4m3 or fp8_e5m2
   std::vector<Request> batch;
   int num_heads = 32, num_kv_heads = 8, block_size = 16;
   KVCacheLayout layout = KVCacheLayout::NHD;
@@ -65,7 +65,7 @@ struct BenchResult {
 BenchResult run_case(const BenchCase& bc, const Ceilings& ceil) {
   const AttentionBackend& backend = cuda_backend();
   const bool fp8 = bc.kv_cache_dtype != "auto";
-  const DType kv_dtype = fp8 ? DType::fp8_e4m3 : DType::bf16;
+  const DType kv_dtype = !fp8 ? DType::bf16 : bc.kv_cache_dtype == "fp8_e5m2" ? DType::fp8_e5m2 : DType::fp8_e4m3;
   const int d = bc.head_size, hq = bc.num_heads, hkv = bc.num_kv_heads, bs = bc.block_size;
   int num_tokens = 0, max_seq = 0;
   int64_t blocks_per_plan = 0;
@@ -205,12 +205,16 @@ BenchResult run_case(const BenchCase& bc, const Ceilings& ceil) {
   return res;
 }
 
-std::vector<BenchCase> make_grid(bool quick) {
+// e5m2: the decode rows with an fp8 e5m2 cache too (only under --kv fp8_e5m2, so that the default
+// grid, which the peers read, keeps one fp8 format).
+std::vector<BenchCase> make_grid(bool quick, bool e5m2) {
   std::vector<BenchCase> cases;
   const int batches[] = {1, 8, 32, 64, 128, 256};
   const int contexts[] = {1024, 2048, 4096, 8192, 16384};
+  std::vector<const char*> decode_kvs = {"auto", "fp8_e4m3"};
+  if (e5m2) decode_kvs.push_back("fp8_e5m2");
   for (int d : {128, 64, 256}) {
-    for (const char* kv : {"auto", "fp8_e4m3"}) {
+    for (const char* kv : decode_kvs) {
       for (int b : batches) {
         for (int ctx : contexts) {
           const bool full = d == 128;
@@ -293,7 +297,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--out FILE.json] [--only [=]NAME_SUBSTRING[|[=]NAME_SUBSTRING...]] "
-                   "[--kv auto|fp8_e4m3] [--head-size D] [--block-size N] [--kernels auto,mma,wgmma,ws,ws-unified,unified,decode] "
+                   "[--kv auto|fp8_e4m3|fp8_e5m2] [--head-size D] [--block-size N] [--kernels auto,mma,wgmma,ws,ws-unified,unified,decode] "
                    "[--passes N]\n",
                    argv[0]);
       return 2;
@@ -342,7 +346,7 @@ int main(int argc, char** argv) {
      << ",\n  \"copy_tbps\": " << ceil.copy_tbps << ", \"gemm_bf16_tflops\": " << ceil.gemm_tflops
      << ",\n  \"rows\": [\n";
   bool first = true;
-  for (BenchCase c : make_grid(quick)) {
+  for (BenchCase c : make_grid(quick, only_kv == "fp8_e5m2")) {
     if (!only.empty()) {  // '|'-separated name substrings ("=NAME": that name exactly)
       bool match = false;
       for (size_t pos = 0; pos <= only.size() && !match;) {
