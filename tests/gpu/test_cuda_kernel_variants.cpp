@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -129,6 +130,7 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
 int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_t step, int* decode_plans) {
   const AttentionBackend& backend = cuda_backend();
   int run = 0;
+  double max_fp8_error = -1;
   *decode_plans = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_TRUE(conformance::unsupported_reasons(backend, Device::cuda, cases[i]).empty()) << cases[i].describe();
@@ -146,11 +148,22 @@ int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_
           conformance::compare(inputs, conformance::collect(prepared),
                                conformance::run_backend(conformance::reference(), Device::cpu, inputs));
       EXPECT_TRUE(result.passed()) << result.describe();
+      if (cases[i].fp8_kv()) {
+        // The stored fp8 values are exact in f16 and bf16 and the REFERENCE reads the same ones,
+        // so only the activation type's rounding (P, the output) remains: hold fp8 cases to the
+        // 16-bit cache's tolerance, not the fp8 one (which also covers the quantization).
+        ConformanceCase c16 = cases[i];
+        c16.kv_cache_dtype = "auto";
+        EXPECT_LE(result.output_rel_error, conformance::tolerance(c16)) << result.describe();
+        EXPECT_LE(result.lse_rel_error, conformance::tolerance(c16)) << result.describe();
+        max_fp8_error = std::max(max_fp8_error, result.output_rel_error);
+      }
       ++run;
     } catch (const std::exception& e) {
       ADD_FAILURE() << "CUDA [" << cases[i].describe() << "] threw: " << e.what();
     }
   }
+  if (max_fp8_error >= 0) std::cout << "[ variants ] largest output rel error of an fp8 case: " << max_fp8_error << "\n";
   return run;
 }
 
@@ -248,7 +261,8 @@ TEST(CudaKernelVariants, MmaPrefillMatchesReference) {
 
 
 // Decode batches (every request's query_len * group <= 16 for the first three head layouts):
-// long contexts that split, many short requests, spec-decode rows, contexts inside one tile.
+// long contexts that split, many short requests, spec-decode rows, contexts inside one tile; the
+// window, ALiBi + soft-cap and sinks cases also over an fp8 cache (e4m3 and e5m2).
 std::vector<ConformanceCase> decode_cases() {
   std::vector<conformance::RequestShape> many;
   for (int i = 0; i < 40; ++i) many.push_back({1 + (i * 97) % 900, 1});
@@ -286,6 +300,11 @@ std::vector<ConformanceCase> decode_cases() {
             break;
         }
         cases.push_back(c);
+        if (feature >= 1 && feature <= 3) {  // the same window / ALiBi + soft-cap / sinks over an fp8 cache
+          c.kv_cache_dtype = index % 2 ? "fp8_e4m3" : "fp8_e5m2";
+          c.per_head_kv_scales = feature == 2;
+          cases.push_back(c);
+        }
       }
     }
   }

@@ -2,18 +2,39 @@
 // speculative rows): run by the paged attention kernel (paged_attention_kernel.cuh) for its
 // decode-path items and by the decode-only kernel (paged_decode_kernel.cuh) for every item.
 //
-// Tiling: Q (16 rows) in registers; warp w takes keys [16w, 16w+16) of each 64-key tile, so the 4
-// warps split each tile's keys (flash-decoding inside a CTA); their (m, l, o) are merged through
-// shared memory at the end. Q.K^T and P.V on tensor cores (mma.sync m16n8k16, f32 accumulate); K
-// fragments via ldmatrix, V via ldmatrix.trans.
-// Pipeline: kStages stages (the paged attention kernel 3, 4 for fp8; the decode-only kernel 2);
-// each iteration first refills the stage freed by the previous tile, then waits for the current
-// tile, so kStages tiles are in flight while a CTA waits (decode is latency-bound: bytes in
-// flight per SM set the bandwidth).
-// fp8 caches (D % 32 == 0): the MMA fragments are converted in registers straight from the raw
-// rows: Q.K^T with the head dims permuted alike in Q and K (4-byte loads), P.V with the output
-// dims permuted (4 bytes of each of a lane's 4 keys, paired by byte_perm) and put back in order
-// in the warp merge. k_scale is folded into the logit scale, v_scale applied to o.
+// Tiling: Q (16 rows) in registers; keys stream in steps of one 64-key tile (two for direct fp8
+// at D = 128, Tr::kDecodeStepTiles); warp w takes keys [Kw w, Kw (w+1)) of each step (Kw = 16 or
+// 32), so the 4 warps split each step's keys (flash-decoding inside a CTA); their (m, l, o) are
+// merged through shared memory at the end. Q.K^T and P.V on tensor cores (mma.sync m16n8k16, f32
+// accumulate); 16-bit K fragments via ldmatrix, V via ldmatrix.trans.
+// Pipeline: kStages stages of a step (the paged attention kernel 3, 4 for one-tile fp8 steps; the
+// decode-only kernel 2, 3 for fp8: paged_decode_kernel.cuh); each iteration first refills the
+// stage freed by the previous step, then waits for the current one, so kStages - 1 steps are in
+// flight while a CTA computes (decode is latency-bound: bytes in flight per SM set the bandwidth,
+// and the fixed costs of a step, barriers and softmax, are paid per step: an fp8 tile is half the
+// bytes of a 16-bit one, hence the two-tile steps).
+// fp8 caches with D % 32 == 0 ("direct"): both MMAs run on f16 operands whatever the activation
+// type, and the B fragments are converted in registers straight from the raw staged rows, one
+// cvt.rn.f16x2.{e4m3,e5m2}x2 per 2 values (no 16-bit tile, no f32 round trip, no bf16 repack):
+//   Q.K^T: lane (quad_row n, quad_col c) owns bytes [c D/4, (c+1) D/4) of its key rows (keys
+//          8j + n of its warp's keys) and reads them with 16-byte (8, 4 when D/4 demands) loads;
+//          the k16 step kk takes that segment's dims c D/4 + 4kk + {0, 1} as MMA columns
+//          2c + {0, 1} and + {2, 3} as 2c + 8 + {0, 1}; Q's A fragments take the same dims (the
+//          order of a dot product's terms is free).
+//   P.V:   lane n owns output dims [n D/8, (n+1) D/8) (n8 tile t, column n = dim n D/8 + t) and
+//          reads them from each of its 4 keys with one vector load; a byte_perm pairs two keys'
+//          bytes of a dim; the warp merge puts the dims back in order.
+//   Q (f16 A fragments): an f16 query as it is; a bf16 query times 2^s, s chosen per item from
+//   the tile's largest |q| so that it lands in [2^14, 2^15) (exact for every element above 2^-28
+//   of the largest; below, an absolute error under 2^-39 of it); 2^-s goes into the logit scale.
+//   P is rounded to f16 (in [0, 1]: finer than bf16). The format (e4m3 / e5m2) is a uniform
+//   branch around each step's conversions. Two-tile steps stage rows unpadded with their 16-byte
+//   chunks swizzled (kv_tile_loads.cuh); both fragment loads stay conflict-free.
+// Per warp and 64-key tile at D = 128: 8 16-byte shared loads, 64 conversions, 16 byte_perms, 32
+// MMAs (before, bf16 operands: 32 4-byte loads, 64 conversions + 128 f16 -> f32 + 64 bf16 packs).
+// k_scale is folded into the logit scale, v_scale applied to o once at the end.
+// Other fp8 head sizes (D % 32 != 0) convert each staged tile to the activation type in shared
+// memory (convert_kv_tile) and take the 16-bit path.
 //
 // Memory traffic: each KV byte of an item's range once per GQA group (the group's heads are the
 // item's rows); the floor is KV bytes / copy bandwidth.
@@ -22,53 +43,145 @@
 #include "backends/cuda/attention/kv_tile_loads.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
 
+#include <type_traits>
+
 namespace pagedattn::cuda {
 
-// kStages: pipeline depth (the unified kernel's Tr::kDecodeStages; the decode-only kernel runs 2
-// stages so that 3 CTAs fit an SM).
+// Direct fp8 path: the fragment layout (see the top comment).
+template <int D>
+struct DirectFp8Layout {
+  static constexpr int vec_bytes(int n) { return n % 16 == 0 ? 16 : n % 8 == 0 ? 8 : 4; }
+  static constexpr int kKBytes = D / 4;                    // a lane's bytes of a key row (Q.K^T)
+  static constexpr int kKVec = vec_bytes(kKBytes);         // per shared load
+  static constexpr int kVBytes = D / 8;                    // a lane's bytes of a value row (P.V)
+  static constexpr int kVVec = vec_bytes(kVBytes);
+};
+
+// Loads kBytes (4, 8 or 16; aligned to them) of shared memory as words.
+template <int kBytes>
+__device__ __forceinline__ void load_words(const char* src, uint32_t (&w)[kBytes / 4]) {
+  if constexpr (kBytes == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(src);
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+  } else if constexpr (kBytes == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    w[0] = v.x; w[1] = v.y;
+  } else {
+    static_assert(kBytes == 4);
+    w[0] = *reinterpret_cast<const uint32_t*>(src);
+  }
+}
+
+// Direct fp8 path: the query tile's f16 A fragments, dims as the K fragments take them (top
+// comment). Returns the factor (2^-s) that the logit scale takes for the query's scaling: 1 for
+// an f16 query; for a bf16 one, 2^s puts the tile's largest |q| in [2^14, 2^15) (s <= 126; every
+// warp computes the same s, as each holds the whole tile).
+template <int D, typename T, int kRowStride>
+__device__ __forceinline__ float direct_fp8_q_frags(const T* q_smem, int quad_row, int quad_col,
+                                                    uint32_t (&q_frag)[D / 16][4]) {
+  const T* q0 = q_smem + quad_row * kRowStride + quad_col * (D / 4);
+  const T* q8 = q0 + 8 * kRowStride;
+  if constexpr (std::is_same_v<T, __half>) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      q_frag[kk][0] = *reinterpret_cast<const uint32_t*>(q0 + 4 * kk);
+      q_frag[kk][1] = *reinterpret_cast<const uint32_t*>(q8 + 4 * kk);
+      q_frag[kk][2] = *reinterpret_cast<const uint32_t*>(q0 + 4 * kk + 2);
+      q_frag[kk][3] = *reinterpret_cast<const uint32_t*>(q8 + 4 * kk + 2);
+    }
+    return 1.f;
+  } else {
+    const auto four = [](const T* src, float (&x)[4]) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(src);
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      x[0] = a.x; x[1] = a.y; x[2] = b.x; x[3] = b.y;
+    };
+    float mx = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      float x[4], y[4];
+      four(q0 + 4 * kk, x);
+      four(q8 + 4 * kk, y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx = fmaxf(mx, fmaxf(fabsf(x[e]), fabsf(y[e])));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const int biased = (__float_as_int(mx) >> 23) & 0xff;  // 0: zero / subnormal; 255: inf / NaN
+    const int s = min(126, 141 - biased);                  // max * 2^s in [2^14, 2^15)
+    const float up = __int_as_float((127 + s) << 23);
+    const float down = __int_as_float((127 - s) << 23);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      float x[4], y[4];
+      four(q0 + 4 * kk, x);
+      four(q8 + 4 * kk, y);
+      q_frag[kk][0] = Mma<__half>::pack(x[0] * up, x[1] * up);
+      q_frag[kk][1] = Mma<__half>::pack(y[0] * up, y[1] * up);
+      q_frag[kk][2] = Mma<__half>::pack(x[2] * up, x[3] * up);
+      q_frag[kk][3] = Mma<__half>::pack(y[2] * up, y[3] * up);
+    }
+    return down;
+  }
+}
+
+// kStages: pipeline depth (the unified kernel's Tr::kDecodeStages; the decode-only kernel's
+// DecodeKernelTraits::kStages, shallower so that 3 CTAs fit an SM).
 template <int D, typename T, bool kFp8, int kStages = AttentionTraits<D, T, kFp8>::kDecodeStages>
-__device__ void run_decode_item(const AttentionKernelParams& p, const ItemContext& ctx, char* smem) {
+__device__ void run_decode_item(const AttentionKernelParams& p, const ItemContext& item_ctx, char* smem) {
   using Tr = AttentionTraits<D, T, kFp8>;
+  ItemContext ctx = item_ctx;  // direct fp8 with a bf16 query: qk_scale takes the query's 2^-s
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int quad_row = lane >> 2;  // rows quad_row, quad_row + 8
   const int quad_col = lane & 3;
 
   constexpr bool kDirect = Tr::kDecodeDirectFp8;
+  constexpr int kStep = Tr::kDecodeStepTiles;         // 64-key tiles per pipeline step
+  constexpr int kWarpKeys = kStep * kKeysPerTile / 4;  // keys of a step per warp: 16 or 32
+  constexpr int kNT = kWarpKeys / 8;                   // n8 score tiles per warp
+  constexpr bool kSwizzled = Tr::kDecodeSwizzled;
+  constexpr int kRawRow = Tr::kDecodeRawRowBytes;      // fp8: bytes between staged rows
   T* q_smem = reinterpret_cast<T*>(smem);  // (16, kRowStride)
   char* stages = smem + kDecodeRows * Tr::kRowStride * 2;
-  char* converted = stages + kStages * Tr::kStageBytes;  // fp8 with D % 32 != 0 only
+  char* converted = stages + kStages * Tr::kDecodeStepBytes;  // fp8 with D % 32 != 0 only
 
   load_q_tile<Tr, T>(p, ctx, kDecodeRows, q_smem);
   cp_async_commit();
+  const int num_steps = (ctx.num_tiles + kStep - 1) / kStep;
   constexpr int kRows = TileCopy<Tr, kFp8>::kRowsPerThread;
-  int blocks[kRows], next_blocks[kRows];
-  fetch_blocks<Tr, kFp8>(p, ctx, 0, next_blocks);
+  int blocks[kStep][kRows], next_blocks[kStep][kRows];
+  // Page ids are fetched one step ahead of their copies (blocks: this step's, next_blocks: the next).
+#pragma unroll
+  for (int i = 0; i < kStep; ++i) fetch_blocks<Tr, kFp8>(p, ctx, i, next_blocks[i]);
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) {
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) blocks[i] = next_blocks[i];
-    fetch_blocks<Tr, kFp8>(p, ctx, t + 1, next_blocks);
-    if (t < ctx.num_tiles) load_kv_tile<Tr, kFp8>(p, ctx, t, blocks, stages + t * Tr::kStageBytes);
+    for (int i = 0; i < kStep; ++i) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) blocks[i][r] = next_blocks[i][r];
+    }
+#pragma unroll
+    for (int i = 0; i < kStep; ++i) fetch_blocks<Tr, kFp8>(p, ctx, (t + 1) * kStep + i, next_blocks[i]);
+    if (t * kStep < ctx.num_tiles) {
+#pragma unroll
+      for (int i = 0; i < kStep; ++i) {
+        load_kv_tile<Tr, kFp8, kSwizzled>(p, ctx, t * kStep + i, blocks[i],
+                                          stages + t * Tr::kDecodeStepBytes + i * Tr::kDecodeTileBytes);
+      }
+    }
     cp_async_commit();
   }
   cp_async_wait<kStages - 1>();
   __syncthreads();
 
-  uint32_t q_frag[Tr::kKTiles][4];  // A fragments of the 16 x D query tile
+  uint32_t q_frag[Tr::kKTiles][4];  // A fragments of the 16 x D query tile (direct fp8: f16)
+  if constexpr (kDirect) {
+    ctx.qk_scale *= direct_fp8_q_frags<D, T, Tr::kRowStride>(q_smem, quad_row, quad_col, q_frag);
+  } else {
 #pragma unroll
-  for (int kk = 0; kk < Tr::kKTiles; ++kk) {
-    if constexpr (kDirect) {
-      // Direct fp8: the k16 step kk takes dims 16kk + 4c + {0, 1} as MMA columns 2c + {0, 1} and
-      // 16kk + 4c + {2, 3} as 2c + 8 + {0, 1} (c = quad_col); K's fragments below take the same
-      // dims, so Q.K^T sums the same products (the order of a dot product's terms is free).
-      const T* q0 = q_smem + quad_row * Tr::kRowStride + kk * 16 + 4 * quad_col;
-      const T* q8 = q0 + 8 * Tr::kRowStride;
-      q_frag[kk][0] = *reinterpret_cast<const uint32_t*>(q0);
-      q_frag[kk][1] = *reinterpret_cast<const uint32_t*>(q8);
-      q_frag[kk][2] = *reinterpret_cast<const uint32_t*>(q0 + 2);
-      q_frag[kk][3] = *reinterpret_cast<const uint32_t*>(q8 + 2);
-    } else {
+    for (int kk = 0; kk < Tr::kKTiles; ++kk) {
       ldmatrix_x4(q_frag[kk], q_smem + (lane & 15) * Tr::kRowStride + kk * 16 + (lane >> 4) * 8);
     }
   }
@@ -85,19 +198,29 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
   const bool general = p.soft_cap > 0.f || p.alibi_slopes != nullptr;
 
 #pragma unroll 1
-  for (int tile = 0; tile < ctx.num_tiles; ++tile) {
-    __syncthreads();  // every warp is done with tile - 1, whose stage is refilled below
+  for (int step = 0; step < num_steps; ++step) {
+    __syncthreads();  // every warp is done with step - 1, whose stage is refilled below
     {
-      const int t = tile + kStages - 1;
+      const int t = step + kStages - 1;
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) blocks[i] = next_blocks[i];
-      fetch_blocks<Tr, kFp8>(p, ctx, t + 1, next_blocks);
-      if (t < ctx.num_tiles) load_kv_tile<Tr, kFp8>(p, ctx, t, blocks, stages + (t % kStages) * Tr::kStageBytes);
+      for (int i = 0; i < kStep; ++i) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) blocks[i][r] = next_blocks[i][r];
+      }
+#pragma unroll
+      for (int i = 0; i < kStep; ++i) fetch_blocks<Tr, kFp8>(p, ctx, (t + 1) * kStep + i, next_blocks[i]);
+      if (t * kStep < ctx.num_tiles) {
+#pragma unroll
+        for (int i = 0; i < kStep; ++i) {
+          load_kv_tile<Tr, kFp8, kSwizzled>(p, ctx, t * kStep + i, blocks[i],
+                                            stages + (t % kStages) * Tr::kDecodeStepBytes + i * Tr::kDecodeTileBytes);
+        }
+      }
       cp_async_commit();
     }
-    cp_async_wait<kStages - 1>();  // tile landed; the kStages - 1 newer tiles stay in flight
+    cp_async_wait<kStages - 1>();  // step landed; the kStages - 1 newer steps stay in flight
     __syncthreads();
-    const char* stage = stages + (tile % kStages) * Tr::kStageBytes;
+    const char* stage = stages + (step % kStages) * Tr::kDecodeStepBytes;
     if constexpr (kFp8 && !kDirect) {
       convert_kv_tile<Tr, T>(stage, converted, p.fp8_format);
       __syncthreads();
@@ -106,63 +229,121 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     const T* k_tile = reinterpret_cast<const T*>(stage);
     const T* v_tile = reinterpret_cast<const T*>(stage + Tr::kTileBytes);
 
-    // S (16 x 16) = Q . K^T for keys [16*warp, 16*warp + 16) of the tile.
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-    for (int kk = 0; kk < Tr::kKTiles; ++kk) {
-      uint32_t kb[4];
-      if constexpr (kDirect) {
-        // Key warp*16 + 8j + quad_row, dims 16kk + 4c .. + 3 (the Q order above): one 4-byte load.
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t raw = *reinterpret_cast<const uint32_t*>(
-              stage + (warp * 16 + 8 * j + quad_row) * Tr::kRawRowBytes + kk * 16 + 4 * quad_col);
-          const uint2 pairs = fp8x4_to_16bit<T>(raw, p.fp8_format);
-          kb[2 * j] = pairs.x;
-          kb[2 * j + 1] = pairs.y;
-        }
-      } else {
-        ldmatrix_x4(kb, k_tile + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * Tr::kRowStride + kk * 16 +
-                            ((lane >> 3) & 1) * 8);
-      }
-      Mma<T>::mma(s[0], q_frag[kk], kb[0], kb[1]);
-      Mma<T>::mma(s[1], q_frag[kk], kb[2], kb[3]);
-    }
-    const int key0 = ctx.tile_base + tile * kKeysPerTile;
-    const bool masked = key0 < ctx.lo_max || key0 + kKeysPerTile - 1 > ctx.hi_min;
-    const float factor = transform_scores<2>(s, p, ctx, rows, quad_row, key0 + warp * 16, general, masked);
-    const float c0 = online_softmax_row<2>(s, 0, factor, m[0], l[0]);
-    const float c1 = online_softmax_row<2>(s, 1, factor, m[1], l[1]);
-    rescale_o(o, c0, c1);
-
-    // O += P (16 x 16) . V (16 x D)
-    uint32_t pa[4];
-    pa[0] = Mma<T>::pack(s[0][0], s[0][1]);
-    pa[1] = Mma<T>::pack(s[0][2], s[0][3]);
-    pa[2] = Mma<T>::pack(s[1][0], s[1][1]);
-    pa[3] = Mma<T>::pack(s[1][2], s[1][3]);
+    // S (16 x kWarpKeys) = Q . K^T for keys [kWarpKeys*warp, kWarpKeys*(warp + 1)) of the step
+    // (tile kWarpKeys*warp / 64 of it).
+    float s[kNT][4] = {};
     if constexpr (kDirect) {
-      // Direct fp8: output n8 tile 4b + t holds dims 32b + 4n + t (n = the MMA column): a lane
-      // (n = quad_row) reads 4 bytes (dims 32b + 4n .. + 3) of each of its keys 2c, 2c + 1,
-      // 2c + 8, 2c + 9 and pairs the keys' bytes of one dim (byte_perm) for the B fragments.
-      const char* v_raw = stage + Tr::kRawTileBytes + (warp * 16 + 2 * quad_col) * Tr::kRawRowBytes + 4 * quad_row;
+      // Keys kWarpKeys*warp + 8j + quad_row, bytes [c D/4, (c+1) D/4): word kk is the k16 step kk.
+      // Swizzled rows (their row & 7 is quad_row): 16-byte chunk c' at c' ^ quad_row.
+      using L = DirectFp8Layout<D>;
+      const int wkey = warp * kWarpKeys;
+      const char* k_raw = stage + (wkey / kKeysPerTile) * Tr::kDecodeTileBytes + (wkey % kKeysPerTile + quad_row) * kRawRow;
+      const auto k_col = [&](int v) {
+        if constexpr (kSwizzled) {
+          return ((quad_col * (L::kKBytes / 16) + v) ^ quad_row) * 16;
+        } else {
+          return quad_col * L::kKBytes + v * L::kKVec;
+        }
+      };
+      const auto qk = [&](auto format) {
 #pragma unroll
-      for (int b = 0; b < Tr::kDTiles / 4; ++b) {
-        const char* src = v_raw + 32 * b;
-        const uint32_t u0 = *reinterpret_cast<const uint32_t*>(src);
-        const uint32_t u1 = *reinterpret_cast<const uint32_t*>(src + Tr::kRawRowBytes);
-        const uint32_t u8 = *reinterpret_cast<const uint32_t*>(src + 8 * Tr::kRawRowBytes);
-        const uint32_t u9 = *reinterpret_cast<const uint32_t*>(src + 9 * Tr::kRawRowBytes);
-        const uint2 lo01 = fp8x4_to_16bit<T>(__byte_perm(u0, u1, 0x5140), p.fp8_format);  // dims +0, +1
-        const uint2 hi01 = fp8x4_to_16bit<T>(__byte_perm(u0, u1, 0x7362), p.fp8_format);  // dims +2, +3
-        const uint2 lo89 = fp8x4_to_16bit<T>(__byte_perm(u8, u9, 0x5140), p.fp8_format);
-        const uint2 hi89 = fp8x4_to_16bit<T>(__byte_perm(u8, u9, 0x7362), p.fp8_format);
-        Mma<T>::mma(o[4 * b], pa, lo01.x, lo89.x);
-        Mma<T>::mma(o[4 * b + 1], pa, lo01.y, lo89.y);
-        Mma<T>::mma(o[4 * b + 2], pa, hi01.x, hi89.x);
-        Mma<T>::mma(o[4 * b + 3], pa, hi01.y, hi89.y);
+        for (int v = 0; v < L::kKBytes / L::kKVec; ++v) {
+          uint32_t w[kNT][L::kKVec / 4];
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) load_words<L::kKVec>(k_raw + 8 * j * kRawRow + k_col(v), w[j]);
+#pragma unroll
+          for (int i = 0; i < L::kKVec / 4; ++i) {
+            const int kk = v * (L::kKVec / 4) + i;
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+              const uint2 kb = fp8x4_to_f16x4<decltype(format)::value>(w[j][i]);
+              Mma<__half>::mma(s[j], q_frag[kk], kb.x, kb.y);
+            }
+          }
+        }
+      };
+      if (p.fp8_format == 1) {
+        qk(std::integral_constant<int, 1>{});
+      } else {
+        qk(std::integral_constant<int, 2>{});
       }
     } else {
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKTiles; ++kk) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_tile + (warp * 16 + (lane & 7) + (lane >> 4) * 8) * Tr::kRowStride + kk * 16 +
+                            ((lane >> 3) & 1) * 8);
+        Mma<T>::mma(s[0], q_frag[kk], kb[0], kb[1]);
+        Mma<T>::mma(s[1], q_frag[kk], kb[2], kb[3]);
+      }
+    }
+    const int key0 = ctx.tile_base + step * kStep * kKeysPerTile;
+    const bool masked = key0 < ctx.lo_max || key0 + kStep * kKeysPerTile - 1 > ctx.hi_min;
+    const float factor = transform_scores<kNT>(s, p, ctx, rows, quad_row, key0 + warp * kWarpKeys, general, masked);
+    const float c0 = online_softmax_row<kNT>(s, 0, factor, m[0], l[0]);
+    const float c1 = online_softmax_row<kNT>(s, 1, factor, m[1], l[1]);
+    rescale_o(o, c0, c1);
+
+    // O += P (16 x kWarpKeys) . V (kWarpKeys x D), one k16 step (16 keys) at a time.
+    using PT = std::conditional_t<kDirect, __half, T>;  // the MMA operand type
+    if constexpr (kDirect) {
+      // Lane n = quad_row reads bytes [n D/8, (n+1) D/8) (its output dims) of its keys 2c, 2c + 1,
+      // 2c + 8, 2c + 9 (of the k16 step); word i of them holds n8 tiles 4i .. 4i + 3; byte_perm
+      // pairs two keys' bytes of a dim ([k0 d0, k1 d0, k0 d1, k1 d1]), each half then one B
+      // register. Swizzled rows: row & 7 is 2c + (key & 1).
+      using L = DirectFp8Layout<D>;
+      const auto v_col = [&](int v, int k) {
+        if constexpr (kSwizzled) {
+          return ((quad_row * (L::kVBytes / 16) + v) ^ ((2 * quad_col + (k & 1)) & 7)) * 16;
+        } else {
+          return quad_row * L::kVBytes + v * L::kVVec;
+        }
+      };
+      const auto pv = [&](auto format) {
+#pragma unroll
+        for (int ks = 0; ks < kNT / 2; ++ks) {
+          uint32_t pa[4];
+          pa[0] = Mma<PT>::pack(s[2 * ks][0], s[2 * ks][1]);
+          pa[1] = Mma<PT>::pack(s[2 * ks][2], s[2 * ks][3]);
+          pa[2] = Mma<PT>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+          pa[3] = Mma<PT>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+          const int key = warp * kWarpKeys + 16 * ks;  // first key of the k16 step in the step
+          const char* v_raw = stage + (key / kKeysPerTile) * Tr::kDecodeTileBytes + kKeysPerTile * kRawRow +
+                              (key % kKeysPerTile + 2 * quad_col) * kRawRow;
+#pragma unroll
+          for (int v = 0; v < L::kVBytes / L::kVVec; ++v) {
+            uint32_t u[4][L::kVVec / 4];  // keys 2c, 2c + 1, 2c + 8, 2c + 9
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              load_words<L::kVVec>(v_raw + ((k & 1) + 8 * (k >> 1)) * kRawRow + v_col(v, k), u[k]);
+            }
+#pragma unroll
+            for (int i = 0; i < L::kVVec / 4; ++i) {
+              const int t = 4 * (v * (L::kVVec / 4) + i);
+              constexpr int F = decltype(format)::value;
+              const uint2 lo01 = fp8x4_to_f16x4<F>(__byte_perm(u[0][i], u[1][i], 0x5140));  // tiles t, t + 1
+              const uint2 hi01 = fp8x4_to_f16x4<F>(__byte_perm(u[0][i], u[1][i], 0x7362));  // tiles t + 2, t + 3
+              const uint2 lo89 = fp8x4_to_f16x4<F>(__byte_perm(u[2][i], u[3][i], 0x5140));
+              const uint2 hi89 = fp8x4_to_f16x4<F>(__byte_perm(u[2][i], u[3][i], 0x7362));
+              Mma<__half>::mma(o[t], pa, lo01.x, lo89.x);
+              Mma<__half>::mma(o[t + 1], pa, lo01.y, lo89.y);
+              Mma<__half>::mma(o[t + 2], pa, hi01.x, hi89.x);
+              Mma<__half>::mma(o[t + 3], pa, hi01.y, hi89.y);
+            }
+          }
+        }
+      };
+      if (p.fp8_format == 1) {
+        pv(std::integral_constant<int, 1>{});
+      } else {
+        pv(std::integral_constant<int, 2>{});
+      }
+    } else {
+      uint32_t pa[4];
+      pa[0] = Mma<PT>::pack(s[0][0], s[0][1]);
+      pa[1] = Mma<PT>::pack(s[0][2], s[0][3]);
+      pa[2] = Mma<PT>::pack(s[1][0], s[1][1]);
+      pa[3] = Mma<PT>::pack(s[1][2], s[1][3]);
 #pragma unroll
       for (int dd = 0; dd < Tr::kDTiles / 2; ++dd) {
         uint32_t vb[4];
@@ -189,14 +370,13 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     }
     float* dst = merge_o + (warp * kDecodeRows + r) * Tr::kMergeRowStride;
     if constexpr (kDirect) {
-      // Tile 4b + t, column 2c + e holds dim 32b + 8c + 4e + t.
+      // Tile t, column 2c + e holds dim (2c + e) D/8 + t.
 #pragma unroll
-      for (int b = 0; b < Tr::kDTiles / 4; ++b) {
+      for (int e = 0; e < 2; ++e) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          *reinterpret_cast<float4*>(dst + 32 * b + 8 * quad_col + 4 * e) =
-              make_float4(o[4 * b][2 * h + e], o[4 * b + 1][2 * h + e], o[4 * b + 2][2 * h + e],
-                          o[4 * b + 3][2 * h + e]);
+        for (int t = 0; t < Tr::kDTiles; t += 4) {
+          *reinterpret_cast<float4*>(dst + (2 * quad_col + e) * Tr::kDTiles + t) =
+              make_float4(o[t][2 * h + e], o[t + 1][2 * h + e], o[t + 2][2 * h + e], o[t + 3][2 * h + e]);
         }
       }
     } else {

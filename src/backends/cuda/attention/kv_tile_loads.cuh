@@ -86,16 +86,19 @@ __device__ __forceinline__ void fetch_blocks(const AttentionKernelParams& p, con
 }
 
 // Issues the copies of K and V tile `tile` into a stage. 16-bit: rows of kRowStride elements;
-// fp8: raw rows of D bytes, kRawRowBytes apart. kNarrow (head_size_qk or head_size_v < D): the
-// chunks past a row's k_chunks / v_chunks are zero-filled (no global read).
-template <class Tr, bool kFp8, bool kNarrow>
+// fp8: raw rows of D bytes, kRawRowBytes apart, or (kSwizzle, 128-byte rows: the decode path's
+// two-tile steps) D bytes apart with chunk c of row r at chunk c ^ (r & 7). kNarrow
+// (head_size_qk or head_size_v < D): the chunks past a row's k_chunks / v_chunks are zero-filled
+// (no global read).
+template <class Tr, bool kFp8, bool kNarrow, bool kSwizzle = false>
 __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p, const ItemContext& ctx,
                                                   int tile, const int (&blocks)[TileCopy<Tr, kFp8>::kRowsPerThread],
                                                   char* stage, int k_chunks, int v_chunks) {
   using C = TileCopy<Tr, kFp8>;
+  static_assert(!kSwizzle || (kFp8 && Tr::kRawChunks == 8), "swizzled staging: 128-byte fp8 rows");
   constexpr int kElemBytes = kFp8 ? 1 : 2;
-  constexpr int kRowBytes = kFp8 ? Tr::kRawRowBytes : Tr::kRowStride * 2;
-  constexpr int kTileBytes = kFp8 ? Tr::kRawTileBytes : Tr::kTileBytes;
+  constexpr int kRowBytes = kSwizzle ? 128 : kFp8 ? Tr::kRawRowBytes : Tr::kRowStride * 2;
+  constexpr int kTileBytes = kSwizzle ? kKeysPerTile * 128 : kFp8 ? Tr::kRawTileBytes : Tr::kTileBytes;
   const int lane_chunk = threadIdx.x % C::kThreadsPerRow;
 #pragma unroll
   for (int i = 0; i < C::kRowsPerThread; ++i) {
@@ -111,29 +114,31 @@ __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p
 #pragma unroll
     for (int k = 0; k < C::kChunksPerThread; ++k) {
       const int c = lane_chunk + k * C::kThreadsPerRow;
-      cp_async_16(k_dst + c * 16, k_src + c * 16, kNarrow ? valid && c < k_chunks : valid);
+      const int dst_c = kSwizzle ? c ^ (row & 7) : c;
+      cp_async_16(k_dst + dst_c * 16, k_src + c * 16, kNarrow ? valid && c < k_chunks : valid);
     }
 #pragma unroll
     for (int k = 0; k < C::kChunksPerThread; ++k) {
       const int c = lane_chunk + k * C::kThreadsPerRow;
-      cp_async_16(v_dst + c * 16, v_src + c * 16, kNarrow ? valid && c < v_chunks : valid);
+      const int dst_c = kSwizzle ? c ^ (row & 7) : c;
+      cp_async_16(v_dst + dst_c * 16, v_src + c * 16, kNarrow ? valid && c < v_chunks : valid);
     }
   }
 }
 
 // Equal head sizes (head_size_qk == head_size_v == D) take the unpredicated copies: the branch
 // is uniform over the launch.
-template <class Tr, bool kFp8>
+template <class Tr, bool kFp8, bool kSwizzle = false>
 __device__ __forceinline__ void load_kv_tile(const AttentionKernelParams& p, const ItemContext& ctx, int tile,
                                              const int (&blocks)[TileCopy<Tr, kFp8>::kRowsPerThread],
                                              char* stage) {
   constexpr int kD = Tr::kDTiles * 8;
   if (p.head_size_qk == kD && p.head_size_v == kD) {
-    load_kv_tile_rows<Tr, kFp8, false>(p, ctx, tile, blocks, stage, 0, 0);
+    load_kv_tile_rows<Tr, kFp8, false, kSwizzle>(p, ctx, tile, blocks, stage, 0, 0);
   } else {
     constexpr int kElemsPerChunk = kFp8 ? 16 : 8;
-    load_kv_tile_rows<Tr, kFp8, true>(p, ctx, tile, blocks, stage, p.head_size_qk / kElemsPerChunk,
-                                      p.head_size_v / kElemsPerChunk);
+    load_kv_tile_rows<Tr, kFp8, true, kSwizzle>(p, ctx, tile, blocks, stage, p.head_size_qk / kElemsPerChunk,
+                                                p.head_size_v / kElemsPerChunk);
   }
 }
 

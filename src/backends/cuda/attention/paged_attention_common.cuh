@@ -37,7 +37,6 @@ struct AttentionTraits {
   static constexpr int kPrefillRows = 64 * kMTiles;
   static_assert(kPrefillRows == prefill_rows_for_head_size(D));
   static constexpr int kPrefillStages = 2;
-  static constexpr int kDecodeStages = kFp8 ? 4 : 3;    // fp8 stages are half as large
   static constexpr int kKTiles = D / 16;                // k16 steps of Q.K^T
   static constexpr int kDTiles = D / 8;                 // n8 tiles of the output
   static constexpr int kTileBytes = kKeysPerTile * kRowStride * 2;   // one 16-bit K or V tile
@@ -50,12 +49,24 @@ struct AttentionTraits {
   // The decode path converts fp8 fragments in registers (no converted tile) when D % 32 == 0.
   static constexpr bool kDecodeDirectFp8 = kFp8 && D % 32 == 0;
   static constexpr int kDecodeConvertedBytes = kDecodeDirectFp8 ? 0 : kConvertedBytes;
+  // Decode pipeline step: one 64-key tile, or two for direct fp8 at D = 128 (32 keys a warp: the
+  // bytes of a 16-bit tile per step, and its fixed costs). Those steps stage rows D bytes apart,
+  // 16-byte chunk c of row r at chunk c ^ (r & 7) (conflict-free 16-byte fragment loads without
+  // padding, so that the decode-only kernel's 3 stages fit 2 CTAs an SM); other fp8 rows are D + 16
+  // bytes apart.
+  static constexpr int kDecodeStepTiles = kDecodeDirectFp8 && D == 128 ? 2 : 1;
+  static constexpr bool kDecodeSwizzled = kDecodeStepTiles == 2;
+  static constexpr int kDecodeRawRowBytes = kDecodeSwizzled ? D : kRawRowBytes;
+  static constexpr int kDecodeTileBytes = kFp8 ? 2 * kKeysPerTile * kDecodeRawRowBytes : kStageBytes;  // K + V
+  static constexpr int kDecodeStepBytes = kDecodeStepTiles * kDecodeTileBytes;
+  // Unified kernel: 3 steps (fp8 one-tile steps: 4, as they are half as large).
+  static constexpr int kDecodeStages = kFp8 && kDecodeStepTiles == 1 ? 4 : 3;
   static constexpr int kMergeRowStride = D + 8;          // floats, decode merge buffer
   static constexpr int kMergeBytes = 4 * kDecodeRows * (kMergeRowStride + 2) * 4;
   static constexpr int kPrefillSmem =
       kPrefillRows * kRowStride * 2 + kPrefillStages * kStageBytes + kConvertedBytes;
   static constexpr int kDecodeSmem =
-      kDecodeRows * kRowStride * 2 + kDecodeStages * kStageBytes + kDecodeConvertedBytes;
+      kDecodeRows * kRowStride * 2 + kDecodeStages * kDecodeStepBytes + kDecodeConvertedBytes;
   static constexpr int kSmemBytes = kPrefillSmem > kDecodeSmem ? kPrefillSmem : kDecodeSmem;
   static_assert(kMergeBytes <= kDecodeSmem - kDecodeRows * kRowStride * 2);
   static constexpr int kMinCtasPerSm = D <= 128 ? 2 : 1;

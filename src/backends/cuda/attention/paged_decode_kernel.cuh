@@ -1,14 +1,19 @@
 // The decode-only kernel, for plans whose items are all decode-path items (the builder's choice,
 // kernel_selection.h): it computes what decode_path.cuh states, with its traffic (each KV byte
-// once per GQA group), running the decode path with a 2-stage pipeline and no prefill
-// path, so the registers (<= 168) and the shared memory (D = 128: 74 KB) let 3 CTAs share an SM
-// instead of 2. It still computes any plan exactly (prefill-path items in 16-row slices), so a
-// graph captured with it replays any plan.
-// A decode item's math is latency-bound (one 16-row MMA chain per warp per tile), so it is the
-// number of independent CTAs per SM, not the pipeline depth, that hides it behind the copies
-// (bench/kv_access_probe.cu measured both: 3 CTAs of 2 stages keep most of their copy rate under a
-// decode tile's worth of math, 2 CTAs of 3 stages lose several times more; docs/perf/cuda.md).
+// once per GQA group), running the decode path with no prefill path. It still computes any plan
+// exactly (prefill-path items in 16-row slices), so a graph captured with it replays any plan.
 // Head sizes <= 128 (beyond, the o accumulators alone would need 128 registers).
+//
+// A decode step's math is a short dependent chain per warp (latency-bound), hidden behind the
+// copies by the bytes the other CTAs and stages of an SM keep in flight; the floor is the copy
+// floor (KV bytes / bandwidth). Shapes (measured in docs/perf/cuda.md):
+//   16-bit caches: 2 stages of one 64-key tile (32 KB at D = 128), registers <= 168, 74 KB of
+//     shared memory, 3 CTAs an SM: more independent CTAs, not deeper pipelines, hide the math
+//     (bench/kv_access_probe.cu: 3 CTAs of 2 stages keep most of their copy rate, 2 of 3 do not);
+//   fp8 at D = 128: steps of two tiles (32 KB, as a 16-bit tile), 3 stages (101 KB), 2 CTAs an
+//     SM (registers <= 255): 128 KB in flight per SM while the CTAs compute (3 CTAs of 2 stages:
+//     96 KB, 10% slower);
+//   other fp8 head sizes: 3 stages of one tile (half the bytes of a 16-bit one), 3 CTAs.
 #pragma once
 
 #include "backends/cuda/attention/decode_path.cuh"
@@ -20,11 +25,11 @@ template <int D, typename T, bool kFp8>
 struct DecodeKernelTraits {
   using Tr = AttentionTraits<D, T, kFp8>;
   static constexpr bool kExists = decode_kernel_head_size(D);
-  static constexpr int kStages = 2;
+  static constexpr int kStages = kFp8 ? 3 : 2;
   static constexpr int kSmemBytes =
-      kDecodeRows * Tr::kRowStride * 2 + kStages * Tr::kStageBytes + Tr::kDecodeConvertedBytes;
+      kDecodeRows * Tr::kRowStride * 2 + kStages * Tr::kDecodeStepBytes + Tr::kDecodeConvertedBytes;
   static_assert(Tr::kMergeBytes <= kSmemBytes - kDecodeRows * Tr::kRowStride * 2);
-  static constexpr int kMinCtasPerSm = 3;
+  static constexpr int kMinCtasPerSm = Tr::kDecodeStepTiles == 2 ? 2 : 3;
 };
 
 template <int D, typename T, bool kFp8>

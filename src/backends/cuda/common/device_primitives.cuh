@@ -144,6 +144,29 @@ __device__ __forceinline__ uint2 fp8x4_to_16bit(uint32_t word, int format) {
   return make_uint2(Mma<T>::pack(a.x, a.y), Mma<T>::pack(b.x, b.y));  // exact: fp8 values fit T
 }
 
+// 4 fp8 values of a format known at compile time (1: e4m3, 2: e5m2) -> 4 f16 values as two pairs
+// (x: values 0, 1; y: values 2, 3). sm_89+: two cvt.rn.f16x2.{e4m3,e5m2}x2, the second on the
+// word's high half (F2FP ... R.H1 in SASS: no shift); exact.
+template <int kFormat>
+__device__ __forceinline__ uint2 fp8x4_to_f16x4(uint32_t word) {
+  static_assert(kFormat == 1 || kFormat == 2);
+  uint2 out;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if constexpr (kFormat == 1) {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n cvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+        : "=r"(out.x), "=r"(out.y)
+        : "r"(word));
+  } else {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %2;\n cvt.rn.f16x2.e5m2x2 %0, lo;\n cvt.rn.f16x2.e5m2x2 %1, hi;\n}\n"
+        : "=r"(out.x), "=r"(out.y)
+        : "r"(word));
+  }
+#else
+  out = fp8x4_to_16bit<__half>(word, kFormat);
+#endif
+  return out;
+}
+
 // 8 fp8 values (one uint2, first value in the lowest byte) -> 8 values of T (one uint4).
 template <typename T>
 __device__ __forceinline__ uint4 fp8x8_to_16bit(const uint2& in, int format) {
