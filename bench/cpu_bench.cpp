@@ -9,7 +9,7 @@
 //                                    order (whole pages, K then V, two pages prefetched ahead):
 //                                    the floor of a scattered decode read (paged_read% below)
 //               Peak/fma_f32         f32 FMA rate at the width of the path that runs (8 lanes on
-//                                    avx2 / scalar, 16 on avx512 / amx), all threads
+//                                    avx2 / scalar, 16 on avx512f / avx512 / amx), all threads
 //               Peak/dpbf16          vdpbf16ps rate (AVX-512 BF16, all threads; only where the
 //                                    CPU has it)
 //               Peak/amx_bf16        tdpbf16ps rate (AMX-BF16 tiles, all threads; only where the
@@ -65,8 +65,8 @@ double measure_paged_read();  // below (needs the decode step)
 
 void BM_Peak(benchmark::State& state, PeakKind which) {
   double value = 0;
-  const bool wide = cpu::active_kernels().isa == cpu::Isa::avx512 ||
-                    cpu::active_kernels().isa == cpu::Isa::amx;
+  const cpu::Isa isa = cpu::active_kernels().isa;
+  const bool wide = isa == cpu::Isa::avx512 || isa == cpu::Isa::amx || isa == cpu::Isa::avx512f;
   for (auto _ : state) {
     switch (which) {
       case PeakKind::copy: value = g_peaks.copy_gbs = measure_bandwidth_gbs(false); break;

@@ -149,12 +149,14 @@ struct FmaKernel {
 };
 
 // The FMA width of the CPU kernel path that runs (PAGEDATTN_CPU_ISA or the best the CPU has): the
-// avx512 / amx kernels compute in 16 lanes, the avx2 ones in 8 (an AVX-512F CPU without
-// AVX512_BF16 runs the avx2 path), the scalar ones in the compiler's portable vectors.
+// avx512f / avx512 / amx kernels compute in 16 lanes, the avx2 ones in 8, the scalar ones in the
+// compiler's portable vectors.
 FmaKernel pick_fma_kernel() {
 #if defined(__x86_64__)
   const cpu::Isa isa = cpu::active_kernels().isa;
-  if (isa == cpu::Isa::avx512 || isa == cpu::Isa::amx) return {"avx512", 16, fma_loop_avx512};
+  if (isa == cpu::Isa::avx512 || isa == cpu::Isa::amx || isa == cpu::Isa::avx512f) {
+    return {"avx512", 16, fma_loop_avx512};
+  }
   if (isa == cpu::Isa::avx2) return {"avx2", 8, fma_loop_avx2};
 #endif
   return {"generic", 4, fma_loop_generic};

@@ -27,7 +27,7 @@ Command add_calibrate_command(CLI::App& parent) {
       "Measure this machine's ceilings and cache them (env PAGEDATTN_CALIBRATION, else "
       "~/.cache/pagedattn/calibration.json); `run` and `bench` divide by them. CPU: parallel copy "
       "bandwidth, fp32 FMA throughput at the width of the CPU kernel path that runs (AVX-512 for "
-      "the avx512 / amx paths, AVX2 for avx2, portable vectors for scalar; PAGEDATTN_CPU_ISA "
+      "the avx512f / avx512 / amx paths, AVX2 for avx2, portable vectors for scalar; PAGEDATTN_CPU_ISA "
       "picks the path, and each path has its own cached entry), AMX bf16 throughput when the CPU "
       "has AMX. GPU (CUDA builds with a device): device-to-device copy and a cuBLAS bf16 GEMM.");
   app->add_option("--device", f->device, "cpu, cuda or all")->capture_default_str();

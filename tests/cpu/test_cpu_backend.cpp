@@ -112,6 +112,7 @@ TEST(CpuDispatch, ParsesPathsAndRejectsUnknownNames) {
   EXPECT_EQ(parse_isa("scalar", "x"), Isa::scalar);
   EXPECT_EQ(parse_isa("avx2", "x"), Isa::avx2);
   EXPECT_EQ(parse_isa("avx512", "x"), Isa::avx512);
+  EXPECT_EQ(parse_isa("avx512f", "x"), Isa::avx512f);
   EXPECT_EQ(parse_isa("amx", "x"), Isa::amx);
   for (const char* bad : {"amx512", "AVX2", "neon", ""}) {
     try {
@@ -127,7 +128,7 @@ TEST(CpuDispatch, ParsesPathsAndRejectsUnknownNames) {
 }
 
 TEST(CpuDispatch, OverrideSelectsTheTable) {
-  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::amx}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512f, Isa::avx512, Isa::amx}) {
     if (!isa_supported(isa)) {
       EXPECT_THROW(set_isa_override(isa), Error) << isa_name(isa);
       continue;

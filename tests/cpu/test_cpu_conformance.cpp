@@ -66,6 +66,7 @@ std::string isa_param_name(const ::testing::TestParamInfo<KernelPath>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, CpuIsa,
                          ::testing::Values(KernelPath{Isa::scalar, false}, KernelPath{Isa::avx2, false},
+                                           KernelPath{Isa::avx512f, false},
                                            KernelPath{Isa::avx512, false}, KernelPath{Isa::amx, false},
                                            KernelPath{Isa::amx, true}),
                          isa_param_name);

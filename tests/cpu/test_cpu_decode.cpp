@@ -32,13 +32,17 @@ using conformance::ConformanceResult;
 
 using conformance::EnvGuard;
 
-// The kernel tables the direct decode kernels live in: avx2, avx512, amx (where AMX runs) and the
-// AMX kernels with an emulated tile unit (wherever avx512 runs).
-enum class Path { avx2, avx512, amx, amx_emulated };
+// The kernel tables the direct decode kernels live in: avx2 and avx512f (the AVX2 kernel), avx512,
+// amx (where AMX runs) and the AMX kernels with an emulated tile unit (wherever avx512 runs).
+enum class Path { avx2, avx512f, avx512, amx, amx_emulated };
+
+// The paths whose direct kernel is the AVX2 one (cpu_decode_avx2.h: every cache dtype it reads).
+bool avx2_kernel(Path path) { return path == Path::avx2 || path == Path::avx512f; }
 
 std::string path_name(const ::testing::TestParamInfo<Path>& info) {
   switch (info.param) {
     case Path::avx2: return "avx2";
+    case Path::avx512f: return "avx512f";
     case Path::avx512: return "avx512";
     case Path::amx: return "amx";
     default: return "amx_emulated";
@@ -52,6 +56,10 @@ class CpuDirectDecode : public ::testing::TestWithParam<Path> {
       case Path::avx2:
         if (!isa_supported(Isa::avx2)) GTEST_SKIP() << "avx2 is not available here";
         set_isa_override(Isa::avx2);
+        break;
+      case Path::avx512f:
+        if (!isa_supported(Isa::avx512f)) GTEST_SKIP() << "avx512f is not available here";
+        set_isa_override(Isa::avx512f);
         break;
       case Path::avx512:
         if (!isa_supported(Isa::avx512)) GTEST_SKIP() << "avx512 is not available here";
@@ -139,7 +147,8 @@ class CpuDirectDecode : public ::testing::TestWithParam<Path> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Paths, CpuDirectDecode,
-                         ::testing::Values(Path::avx2, Path::avx512, Path::amx, Path::amx_emulated),
+                         ::testing::Values(Path::avx2, Path::avx512f, Path::avx512, Path::amx,
+                                           Path::amx_emulated),
                          path_name);
 
 // Llama-3-8B's shape (32 q / 8 kv heads, D 128) over contexts that end anywhere in a page.
@@ -243,7 +252,7 @@ TEST_P(CpuDirectDecode, OtherCachesAndBlockSizesStayOnTheTileKernel) {
   c.num_heads = 8;
   c.num_kv_heads = 2;
   c.batch = {{100, 1}, {37, 1}, {64, 1}};
-  if (GetParam() != Path::avx2) {
+  if (!avx2_kernel(GetParam())) {
     c.kv_cache_dtype = "fp8_e4m3";
     expect_tile_only(c, 601);
     c.kv_cache_dtype = "auto";
@@ -265,7 +274,7 @@ TEST_P(CpuDirectDecode, OtherCachesAndBlockSizesStayOnTheTileKernel) {
 // The AVX2 kernel's other caches: f16 (f16 activations), fp8 e4m3 and e5m2 (bf16 and f32
 // activations, per-tensor and per-head scales), with windows, sinks and soft-cap, both layouts.
 TEST_P(CpuDirectDecode, Avx2ReadsEveryCacheDtype) {
-  if (GetParam() != Path::avx2) GTEST_SKIP() << "the AVX-512 kernel reads bf16 caches only";
+  if (!avx2_kernel(GetParam())) GTEST_SKIP() << "the AVX-512 kernel reads bf16 caches only";
   const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
   ConformanceCase c;
   c.head_size = 128;
@@ -296,7 +305,7 @@ TEST_P(CpuDirectDecode, Avx2ReadsEveryCacheDtype) {
 // fast widening would read it as a finite value; the chunk's check switches to the exact one), in
 // the same rows and dims as the tile kernel: request 0's rows of KV head 1, dim 5 only.
 TEST_P(CpuDirectDecode, Avx2E4m3NanCodeReachesTheOutput) {
-  if (GetParam() != Path::avx2) GTEST_SKIP() << "the AVX-512 kernel reads bf16 caches only";
+  if (!avx2_kernel(GetParam())) GTEST_SKIP() << "the AVX-512 kernel reads bf16 caches only";
   const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
   ConformanceCase c;
   c.dtype = DType::bf16;

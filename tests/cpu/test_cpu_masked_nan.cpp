@@ -2,7 +2,7 @@
 // see — outside its sliding window but in the same 16/64-key tile, past its causal end (the
 // later tokens of a spec decode or prefill chunk), past the sequence end in the last page — must
 // leave that row bit-identical to the run where those slots hold finite data. Checked on every
-// CPU kernel path (scalar, avx2, avx512, amx, amx emulated; the direct decode kernel and the tile
+// CPU kernel path (scalar, avx2, avx512f, avx512, amx, amx emulated; the direct decode kernel and the tile
 // kernel; one thread with head-fused items and four threads with split-KV) and on REFERENCE.
 #include <gtest/gtest.h>
 
@@ -177,13 +177,14 @@ std::string check_isolation(Fixture& f, std::optional<int> window, bool poison_k
   return problems;
 }
 
-enum class Path { scalar, avx2, avx512, amx, amx_emulated };
+enum class Path { scalar, avx2, avx512f, avx512, amx, amx_emulated };
 
 struct PathGuard {
   explicit PathGuard(Path path) {
     switch (path) {
       case Path::scalar: set_isa_override(Isa::scalar); break;
       case Path::avx2: set_isa_override(Isa::avx2); break;
+      case Path::avx512f: set_isa_override(Isa::avx512f); break;
       case Path::avx512: set_isa_override(Isa::avx512); break;
       case Path::amx: set_isa_override(Isa::amx); break;
       case Path::amx_emulated: set_kernel_table_override(amx_emulated_kernel_table()); break;
@@ -200,6 +201,7 @@ bool path_available(Path path) {
   switch (path) {
     case Path::scalar: return true;
     case Path::avx2: return isa_supported(Isa::avx2);
+    case Path::avx512f: return isa_supported(Isa::avx512f);
     case Path::avx512:
     case Path::amx_emulated: return isa_supported(Isa::avx512);
     case Path::amx: return isa_supported(Isa::amx);
@@ -208,7 +210,7 @@ bool path_available(Path path) {
 }
 
 std::string path_name(const ::testing::TestParamInfo<Path>& info) {
-  static const char* const names[] = {"scalar", "avx2", "avx512", "amx", "amx_emulated"};
+  static const char* const names[] = {"scalar", "avx2", "avx512f", "avx512", "amx", "amx_emulated"};
   return names[static_cast<int>(info.param)];
 }
 
@@ -238,8 +240,8 @@ TEST_P(CpuMaskedNan, MaskedKeysNeverReachTheOutput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, CpuMaskedNan,
-                         ::testing::Values(Path::scalar, Path::avx2, Path::avx512, Path::amx,
-                                           Path::amx_emulated),
+                         ::testing::Values(Path::scalar, Path::avx2, Path::avx512f, Path::avx512,
+                                           Path::amx, Path::amx_emulated),
                          path_name);
 
 TEST(ReferenceMaskedNan, MaskedKeysNeverReachTheOutput) {

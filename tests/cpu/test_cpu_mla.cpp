@@ -119,6 +119,7 @@ std::string path_name(const ::testing::TestParamInfo<KernelPath>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, CpuMlaPath,
                          ::testing::Values(KernelPath{Isa::scalar, false}, KernelPath{Isa::avx2, false},
+                                           KernelPath{Isa::avx512f, false},
                                            KernelPath{Isa::avx512, false}, KernelPath{Isa::amx, false},
                                            KernelPath{Isa::amx, true}),
                          path_name);

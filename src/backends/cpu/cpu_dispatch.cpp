@@ -1,10 +1,12 @@
 // ISA dispatch of the CPU backend: which kernel table runs, chosen once.
-//   PAGEDATTN_CPU_ISA = scalar | avx2 | avx512 | amx   forces a path (read on first use); a path
-//                                                the CPU cannot run is an Error naming the variable.
+//   PAGEDATTN_CPU_ISA = scalar | avx2 | avx512f | avx512 | amx
+//                                                forces a path (read on first use); a path the
+//                                                CPU cannot run is an Error naming the variable.
 //   otherwise                                    the best the CPU supports: amx (avx512 + AMX-TILE
 //                                                + AMX-BF16, the tile state enabled by the OS and
 //                                                granted to this process), avx512 (AVX512F/BW/DQ/VL
-//                                                + AVX512_BF16), avx2 (AVX2 + FMA + F16C), scalar.
+//                                                + AVX512_BF16), avx512f (AVX512F/BW/DQ/VL without
+//                                                BF16), avx2 (AVX2 + FMA + F16C), scalar.
 //   PAGEDATTN_CPU_DECODE_KERNEL = auto | tile     the direct decode kernel for head-fused decode
 //                                                items where it applies (auto), or the tile kernel
 //                                                for everything (tile); read on first use.
@@ -48,11 +50,18 @@ bool cpu_has_avx2() {
 #endif
 }
 
-bool cpu_has_avx512() {
+bool cpu_has_avx512f() {
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
   return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bf16");
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512() {
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+  return cpu_has_avx512f() && __builtin_cpu_supports("avx512bf16");
 #else
   return false;
 #endif
@@ -91,6 +100,7 @@ const KernelTable* table_for(Isa isa) {
   switch (isa) {
     case Isa::amx: return amx_kernel_table();
     case Isa::avx512: return avx512_kernel_table();
+    case Isa::avx512f: return avx512f_kernel_table();
     case Isa::avx2: return avx2_kernel_table();
     case Isa::scalar: return scalar_kernel_table();
   }
@@ -119,6 +129,7 @@ const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::amx: return "amx";
     case Isa::avx512: return "avx512";
+    case Isa::avx512f: return "avx512f";
     case Isa::avx2: return "avx2";
     case Isa::scalar: return "scalar";
   }
@@ -129,11 +140,12 @@ Isa parse_isa(const char* name, const char* argument) {
   const std::string value = name == nullptr ? "" : name;
   if (value == "scalar") return Isa::scalar;
   if (value == "avx2") return Isa::avx2;
+  if (value == "avx512f") return Isa::avx512f;
   if (value == "avx512") return Isa::avx512;
   if (value == "amx") return Isa::amx;
   throw Error(argument, detail::concat(argument, " = '", value,
-                                       "' is not a CPU kernel path: expected scalar, avx2, avx512 "
-                                       "or amx"));
+                                       "' is not a CPU kernel path: expected scalar, avx2, "
+                                       "avx512f, avx512 or amx"));
 }
 
 bool isa_supported(Isa isa) {
@@ -141,6 +153,7 @@ bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::amx: return cpu_has_amx();
     case Isa::avx512: return cpu_has_avx512();
+    case Isa::avx512f: return cpu_has_avx512f();
     case Isa::avx2: return cpu_has_avx2();
     case Isa::scalar: return true;
   }
@@ -150,6 +163,7 @@ bool isa_supported(Isa isa) {
 Isa best_isa() {
   if (isa_supported(Isa::amx)) return Isa::amx;
   if (isa_supported(Isa::avx512)) return Isa::avx512;
+  if (isa_supported(Isa::avx512f)) return Isa::avx512f;
   if (isa_supported(Isa::avx2)) return Isa::avx2;
   return Isa::scalar;
 }

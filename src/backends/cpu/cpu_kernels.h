@@ -1,5 +1,5 @@
 // Internal interface between the CPU backend's host side (plan, impl, OpenMP driver) and its
-// ISA-specific kernels (cpu_kernels_{scalar,avx2,avx512,amx}.cpp).
+// ISA-specific kernels (cpu_kernels_{scalar,avx2,avx512f,avx512,amx}.cpp).
 //
 // Everything here is plain data (no std containers, no inline functions with external linkage):
 // the ISA translation units are compiled with different -m flags, and any inline function they
@@ -36,8 +36,9 @@ inline constexpr int kMaxHeadSize = 256;
 inline constexpr int kMaxKernelHeadSize = 576;
 inline constexpr int kHeadSizeMultiple = 16;
 
+// avx512f = AVX-512 F/BW/DQ/VL without AVX512_BF16: the f32 tile kernels in 16 lanes.
 // amx = the avx512 kernels with Q·Kᵀ and P·V of bf16 operands on AMX-BF16 tiles.
-enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, amx = 3 };
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, amx = 3, avx512f = 4 };
 
 // How Q·Kᵀ and P·V are computed.
 //   f32       operands converted to f32, f32 FMA (every ISA; used for f32/f16 activations).
@@ -161,13 +162,14 @@ struct KernelTable {
 // Tables compiled in this build (nullptr when the ISA is not compiled, e.g. non-x86 hosts).
 const KernelTable* scalar_kernel_table();
 const KernelTable* avx2_kernel_table();
+const KernelTable* avx512f_kernel_table();
 const KernelTable* avx512_kernel_table();
 const KernelTable* amx_kernel_table();
 // The AMX kernels with the tile unit emulated in plain C++ (tests: checks the AMX tiling on CPUs
 // without AMX; needs AVX-512). Not chosen by dispatch; see set_kernel_table_override.
 const KernelTable* amx_emulated_kernel_table();
 
-// Dispatch, chosen once: env PAGEDATTN_CPU_ISA = scalar | avx2 | avx512 | amx (read on first use;
+// Dispatch, chosen once: env PAGEDATTN_CPU_ISA = scalar | avx2 | avx512f | avx512 | amx (read on first use;
 // a value the CPU cannot run, or an unknown name, is an Error naming PAGEDATTN_CPU_ISA), else the
 // best the CPU supports (CPUID; amx also needs the OS's tile state and Linux's
 // arch_prctl(ARCH_REQ_XCOMP_PERM) permission, requested once on first use). set_isa_override

@@ -1,4 +1,4 @@
-# CPU backend: per-file ISA flags. The AVX2 / AVX-512 kernel files are compiled with their
+# CPU backend: per-file ISA flags. The AVX2 / AVX-512F / AVX-512 kernel files are compiled with their
 # instruction sets (the AMX file with the AVX-512 ones: its tile instructions are inline
 # assembly, so no -mamx flag lets the compiler emit them elsewhere); cpu_dispatch.cpp picks one
 # at run time from CPUID, so the library still runs on any x86-64 (and the scalar file builds
@@ -9,6 +9,8 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND
   set(_cpu_dir ${CMAKE_CURRENT_LIST_DIR})
   set_source_files_properties(${_cpu_dir}/cpu_kernels_avx2.cpp
     PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+  set_source_files_properties(${_cpu_dir}/cpu_kernels_avx512f.cpp
+    PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512dq;-mavx512vl")
   set_source_files_properties(${_cpu_dir}/cpu_kernels_avx512.cpp ${_cpu_dir}/cpu_kernels_amx.cpp
     PROPERTIES COMPILE_OPTIONS
       "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512dq;-mavx512vl;-mavx512bf16")
@@ -16,7 +18,7 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND
     # GCC 12's avx512fintrin.h reductions start from _mm512_undefined_*: a known false
     # -Wmaybe-uninitialized inside the system header once inlined.
     set_property(SOURCE ${_cpu_dir}/cpu_kernels_avx512.cpp ${_cpu_dir}/cpu_kernels_amx.cpp
-      APPEND PROPERTY COMPILE_OPTIONS
+      ${_cpu_dir}/cpu_kernels_avx512f.cpp APPEND PROPERTY COMPILE_OPTIONS
       "-Wno-maybe-uninitialized")
   endif()
 endif()
