@@ -338,6 +338,10 @@ struct DirectAvx2 {
   }
   static float value_factor(const AttentionArgs& a) { return key_factor(a); }
 
+  static float lane_sum(const float* lanes) {
+    return Vec256::hsum(_mm256_add_ps(_mm256_loadu_ps(lanes), _mm256_loadu_ps(lanes + 8)));
+  }
+
   static void unpermute(const AttentionArgs& a, const float* o, float* dst, int dv) {
     if (a.kv.dtype == DType::bf16) {
       swap_quarters(o, dst, dv);

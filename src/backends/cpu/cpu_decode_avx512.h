@@ -4,8 +4,7 @@
 // (cpu_kernels_avx512.cpp, cpu_kernels_amx.cpp); internal linkage only.
 //
 // Items (direct_decode_applies): the driver's shape conditions, a bf16 cache, bf16 activations
-// (Precision::bf16_dot), D = Dv a multiple of 32, and no NaN or infinite V row among the keys
-// some rows read but cannot see (P·V multiplies them by P = 0). Everything else on the AVX-512 and AMX paths
+// (Precision::bf16_dot), D = Dv a multiple of 32. Everything else on the AVX-512 and AMX paths
 // (f16 / fp8 caches, f32 / f16 activations, split-KV and cascade items) runs the tile kernel.
 // PAGEDATTN_CPU_DECODE_KERNEL=tile turns it off (cpu_dispatch.cpp).
 //
@@ -21,7 +20,7 @@
 //             kept while no logit of the chunk exceeds it by more than kDirectRescaleSlack, so
 //             alpha = 1 and O is not rescaled (exact: P <= e^8, O and l stay relative to the same
 //             m); the common case costs one compare instead of a horizontal max.
-//   O += P·V  per key pair (2i, 2i+1) and 32 dims: vpunpck{l,h}wd of the two V rows gives 2 zmm
+//   O += P·V  per key pair (2i, 2i+1) that the rows can see (direct_pv_dims) and 32 dims: vpunpck{l,h}wd of the two V rows gives 2 zmm
 //             of (v[2i][d], v[2i+1][d]) dword pairs, times the broadcast (p[2i], p[2i+1]) pair
 //             with vdpbf16ps; dims are taken 64 at a time (R x 4 accumulators). The unpacks
 //             leave the dims of each 32-dim chunk permuted (lo: d = 8k + j, hi: d = 8k + 4 + j for
@@ -58,7 +57,7 @@ namespace {
 inline bool direct_decode_applies(const AttentionArgs& a, const WorkItem& it) {
   return a.kv.dtype == DType::bf16 && a.q_dtype == DType::bf16 &&
          a.precision == Precision::bf16_dot && a.head_size % 32 == 0 &&
-         direct_decode_shape_applies(a, it) && !direct_decode_reads_masked_non_finite(a, it);
+         direct_decode_shape_applies(a, it);
 }
 
 inline __m512bh as_bh(__m512i x) {
@@ -133,34 +132,64 @@ __attribute__((always_inline)) inline void direct_qk(const uint16_t* q, int head
   }
 }
 
-// O[r] (permuted dims, see the file comment) += P[r] · V over the chunk's keys, for dims
-// [d0, d0 + 32 * NCG). p: R rows of 16 bf16; v: key t at v + t * v_stride.
+// O[r] (permuted dims, see the file comment) += P[r] · V over the chunk's keys (keys t0 + j), for
+// dims [d0, d0 + 32 * NCG). p: R rows of 16 bf16; v: key t at v + t * v_stride. Each V row is read
+// only for the rows that can see its key (lo[r] <= key < hi[r], key < t0 + live): key pairs every
+// row of the block sees run for all rows at once; the few "ragged" pairs (a causal end between the
+// tokens of a multi-token decode, a window start, the chunk's last live key) row by row with the
+// keys a row cannot see replaced by zeros; pairs no row sees are not read. So a row never
+// multiplies a V row it cannot see (P = 0 would keep a NaN or an infinity there: 0 * NaN = NaN),
+// and the output does not depend on what masked slots hold.
 template <int R, int NCG, bool kFull>
 __attribute__((always_inline)) inline void direct_pv_dims(float* o, int head_size_v,
                                                           const uint16_t* p, const char* v,
-                                                          int64_t v_stride, int live, int d0) {
+                                                          int64_t v_stride, int live, int d0,
+                                                          const int32_t* lo, const int32_t* hi,
+                                                          int t0) {
+  const int n = kFull ? kDirectChunk : live;
+  int lo_all = 0, hi_all = n, lo_any = n, hi_any = 0;
+  for (int r = 0; r < R; ++r) {
+    lo_all = imax(lo_all, lo[r] - t0);
+    hi_all = imin(hi_all, hi[r] - t0);
+    lo_any = imin(lo_any, lo[r] - t0);
+    hi_any = imax(hi_any, hi[r] - t0);
+  }
+  lo_any = imax(lo_any, 0);
+  hi_any = imin(hi_any, n);
+  const int full_begin = (lo_all + 1) / 2, full_end = imax(full_begin, hi_all / 2);
   __m512 acc[R][2 * NCG];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 2 * NCG; ++j)
       acc[r][j] = _mm512_loadu_ps(o + static_cast<size_t>(r) * head_size_v + d0 + 16 * j);
-  const char* zero = reinterpret_cast<const char*>(kZeroRow);
-#pragma GCC unroll 2
-  for (int tp = 0; tp < kDirectChunk / 2; ++tp) {  // keys from `live` on: the zero row (P = 0)
-    const char* va = kFull || 2 * tp < live ? v + (2 * tp) * v_stride + 2 * d0 : zero;
-    const char* vb = kFull || 2 * tp + 1 < live ? v + (2 * tp + 1) * v_stride + 2 * d0 : zero;
-    __m512bh lo[NCG], hi[NCG];
+  const auto pair = [&](int tp, int r_first, int r_last, bool sees_a, bool sees_b) {
+    const char* va = v + (2 * tp) * v_stride + 2 * d0;
+    const char* vb = va + v_stride;
+    __m512bh lo_v[NCG], hi_v[NCG];
     for (int c = 0; c < NCG; ++c) {
-      const __m512i x = _mm512_loadu_si512(va + 64 * c);
-      const __m512i y = _mm512_loadu_si512(vb + 64 * c);
-      lo[c] = as_bh(_mm512_unpacklo_epi16(x, y));
-      hi[c] = as_bh(_mm512_unpackhi_epi16(x, y));
+      const __m512i x = sees_a ? _mm512_loadu_si512(va + 64 * c) : _mm512_setzero_si512();
+      const __m512i y = sees_b ? _mm512_loadu_si512(vb + 64 * c) : _mm512_setzero_si512();
+      lo_v[c] = as_bh(_mm512_unpacklo_epi16(x, y));
+      hi_v[c] = as_bh(_mm512_unpackhi_epi16(x, y));
     }
     for (int r = 0; r < R; ++r) {
+      if (r < r_first || r > r_last) continue;
       const __m512bh pb = as_bh(broadcast_dword(p + r * kDirectChunk + 2 * tp));
       for (int c = 0; c < NCG; ++c) {
-        acc[r][2 * c] = _mm512_dpbf16_ps(acc[r][2 * c], pb, lo[c]);
-        acc[r][2 * c + 1] = _mm512_dpbf16_ps(acc[r][2 * c + 1], pb, hi[c]);
+        acc[r][2 * c] = _mm512_dpbf16_ps(acc[r][2 * c], pb, lo_v[c]);
+        acc[r][2 * c + 1] = _mm512_dpbf16_ps(acc[r][2 * c + 1], pb, hi_v[c]);
       }
+    }
+  };
+#pragma GCC unroll 2
+  for (int tp = full_begin; tp < full_end; ++tp) pair(tp, 0, R - 1, true, true);
+  for (int tp = lo_any / 2; tp < (hi_any + 1) / 2; ++tp) {  // ragged pairs: the rows that see them
+    if (tp == full_begin && full_end > full_begin) tp = full_end;
+    if (tp >= (hi_any + 1) / 2) break;
+    const int ka = t0 + 2 * tp, kb = ka + 1;
+    for (int r = 0; r < R; ++r) {
+      const bool sees_a = ka >= lo[r] && ka < hi[r] && 2 * tp < n;
+      const bool sees_b = kb >= lo[r] && kb < hi[r] && 2 * tp + 1 < n;
+      if (sees_a || sees_b) pair(tp, r, r, sees_a, sees_b);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -259,8 +288,12 @@ inline void direct_rows(const ItemContext& c, float* lsum, float* red, int row0,
   }
   const uint16_t* p = static_cast<const uint16_t*>(c.p) + static_cast<size_t>(row0) * kDirectChunk;
   int d0 = 0;
-  for (; d0 + 64 <= dv; d0 += 64) direct_pv_dims<R, 2, kFull>(o, dv, p, v, v_stride, live, d0);
-  if (d0 < dv) direct_pv_dims<R, 1, kFull>(o, dv, p, v, v_stride, live, d0);
+  const int32_t* lo = c.lo + row0;
+  const int32_t* hi = c.hi + row0;
+  for (; d0 + 64 <= dv; d0 += 64) {
+    direct_pv_dims<R, 2, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0);
+  }
+  if (d0 < dv) direct_pv_dims<R, 1, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0);
 }
 
 // The AVX-512 BF16 kernel of the direct decode driver (cpu_decode_direct.h).
@@ -284,6 +317,8 @@ struct DirectAvx512 {
       });
     }
   }
+
+  static float lane_sum(const float* lanes) { return _mm512_reduce_add_ps(_mm512_loadu_ps(lanes)); }
 
   // O rows are kept with the dims of each 32-dim chunk permuted (see the file comment).
   static void unpermute(const AttentionArgs&, const float* o, float* dst, int dv) {

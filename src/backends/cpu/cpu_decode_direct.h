@@ -21,6 +21,10 @@
 //                     output normalisation.
 //   unpermute(a, o, dst, dv)
 //                     one O row in dimension order (the kernel may keep O dims permuted).
+//   lane_sum(lanes)   l of a row from its 16 lane sums, in the order of the tile kernel's hsum
+//                     of the same width.
+// The kernels read a V row only for the rows that see its key (ragged keys row by row), so no
+// item depends on what masked cache slots hold and none is handed to the tile kernel for it.
 // Scratch the kernels use: lsum = c.s (rows x 16 lane sums of l), red = c.k (Q·Kᵀ partial sums),
 // c.p (P rows), c.o (O rows).
 #pragma once
@@ -43,37 +47,6 @@ constexpr float kDirectRescaleSlack = 8.f;  // lazy max: keep m while a chunk ex
 // padded to max(D, Dv)) take the tile kernel.
 inline bool direct_decode_dense(int64_t token_stride, int64_t head_stride, int d, int heads) {
   return (head_stride == d && token_stride == static_cast<int64_t>(heads) * d) || token_stride == d;
-}
-
-// Whether the keys this item reads but some of its rows cannot see hold a NaN or infinite value:
-// the keys of the first 16-key chunk before the first visible one (a sliding window's start) and,
-// for several query tokens, the keys seen by some tokens only (causal ends, window starts). A
-// kernel that multiplies their V rows by P = 0 keeps NaN (0 * NaN); for such a kernel these items
-// (rare) take the tile kernel, which gives those rows V tiles without them (cpu_attention_tile.h).
-inline bool direct_decode_reads_masked_non_finite(const AttentionArgs& a, const WorkItem& it) {
-  const int r = it.req_begin;
-  const int q_first = a.query_start_loc[r];
-  const int kv_len = a.seq_lens[r];
-  int min_lo = kv_len, max_lo = 0, min_hi = kv_len, max_hi = 0;
-  for (int t = it.tok_begin; t < it.tok_end; ++t) {  // as setup_item_rows
-    const int pos = a.first_query_pos[r] + (t - q_first);
-    int lo = 0;
-    int hi = a.causal ? imin(kv_len, pos + 1) : kv_len;
-    if (a.window > 0) {
-      lo = imax(0, pos - (a.window - 1));
-      if (a.window_symmetric) hi = imin(hi, pos + a.window);
-    }
-    min_lo = imin(min_lo, lo);
-    max_lo = imax(max_lo, lo);
-    min_hi = imin(min_hi, hi);
-    max_hi = imax(max_hi, hi);
-  }
-  const int begin = imax(it.kv_begin, min_lo), end = imin(it.kv_end, max_hi);
-  if (begin >= end) return false;
-  const int first = begin & ~(kDirectChunk - 1);
-  const int heads = it.num_kv_heads;
-  return values_non_finite(a, r, it.kv_head, heads, first, imin(imax(max_lo, begin), end)) ||
-         values_non_finite(a, r, it.kv_head, heads, imax(min_hi, begin), end);
 }
 
 // The item conditions every direct kernel shares (see the file comment): head-fused, final rows, a
@@ -231,9 +204,7 @@ inline void run_direct_decode(const AttentionArgs& a, const WorkItem& it, char* 
   const float value_factor = Kernel::value_factor(a);
   for (int row = 0; row < c.rows; ++row) {
     Kernel::unpermute(a, c.o + static_cast<size_t>(row) * dv, c.temp, dv);
-    const float* lanes = lsum + static_cast<size_t>(row) * kDirectChunk;
-    float l = 0.f;
-    for (int j = 0; j < kDirectChunk; ++j) l += lanes[j];
+    const float l = Kernel::lane_sum(lsum + static_cast<size_t>(row) * kDirectChunk);
     const int block = row / rows_per_head, local = row % rows_per_head;
     const int kv_head = it.kv_head + block;
     finalize_row(a, c.temp, c.m[row], l, it.tok_begin + local / G, kv_head * G + local % G,
