@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -171,17 +172,36 @@ void write_cache_host(const TensorView& key, const TensorView& value, const Tens
     return t.defined() ? load_f32(t.data(), DType::f32, h * t.stride(0)) : fallback;
   };
   // key (N, Hkv, D):(ks0, ks1, ks2); key_cache (num_blocks, block_size, Hkv, D):(cs0..cs3)
-  const auto write_rows = [&](const TensorView& src, const TensorView& dst, int64_t head_dim,
-                              int64_t t, int64_t block, int64_t offset, const TensorView& head_scale,
-                              float tensor_scale) {
+  struct Rows {
+    const char* src;
+    char* dst;
+    int64_t s0, s1, s2, d0, d1, d2, d3;
+    // A row is one memcpy: the same dtype (no conversion, no scale) and unit inner strides.
+    bool copy;
+  };
+  const size_t elem = dtype_size(src_dtype);
+  const auto rows_of = [&](const TensorView& src, const TensorView& dst) {
+    return Rows{static_cast<const char*>(src.data()), static_cast<char*>(dst.data()),
+                src.stride(0), src.stride(1), src.stride(2), dst.stride(0), dst.stride(1),
+                dst.stride(2), dst.stride(3),
+                !quantize && a.cache_dtype == src_dtype && src.stride(2) == 1 && dst.stride(3) == 1};
+  };
+  const Rows key_rows = rows_of(key, key_cache), value_rows = rows_of(value, value_cache);
+  const auto write_rows = [&](const Rows& r, int64_t head_dim, int64_t t, int64_t block,
+                              int64_t offset, const TensorView& head_scale, float tensor_scale) {
     for (int64_t h = 0; h < a.num_kv_heads; ++h) {
+      const int64_t src_base = t * r.s0 + h * r.s1;
+      const int64_t dst_base = block * r.d0 + offset * r.d1 + h * r.d2;
+      if (r.copy) {
+        std::memcpy(r.dst + dst_base * static_cast<int64_t>(elem),
+                    r.src + src_base * static_cast<int64_t>(elem), static_cast<size_t>(head_dim) * elem);
+        continue;
+      }
       const float scale = quantize ? per_head(head_scale, h, tensor_scale) : 1.f;
-      const int64_t src_base = t * src.stride(0) + h * src.stride(1);
-      const int64_t dst_base = block * dst.stride(0) + offset * dst.stride(1) + h * dst.stride(2);
       for (int64_t i = 0; i < head_dim; ++i) {
-        float x = load_f32(src.data(), src_dtype, src_base + i * src.stride(2));
+        float x = load_f32(r.src, src_dtype, src_base + i * r.s2);
         if (quantize) x = x / scale;  // as vLLM's scaled_convert: divide, then one rounding
-        store_f32(dst.data(), a.cache_dtype, dst_base + i * dst.stride(3), x);
+        store_f32(r.dst, a.cache_dtype, dst_base + i * r.d3, x);
       }
     }
   };
@@ -192,9 +212,8 @@ void write_cache_host(const TensorView& key, const TensorView& value, const Tens
     if (slot < 0) continue;  // -1: padding / nothing to write
     const int64_t block = slot / a.block_size;
     const int64_t offset = slot % a.block_size;
-    write_rows(key, key_cache, a.head_size, t, block, offset, scales.k_scale_per_head,
-               scales.k_scale);
-    write_rows(value, value_cache, a.head_size_v, t, block, offset, scales.v_scale_per_head,
+    write_rows(key_rows, a.head_size, t, block, offset, scales.k_scale_per_head, scales.k_scale);
+    write_rows(value_rows, a.head_size_v, t, block, offset, scales.v_scale_per_head,
                scales.v_scale);
   }
 }
