@@ -222,21 +222,13 @@ inline bool avx2_direct_softmax(const ItemContext& c, float* lsum, int row0, int
           _mm256_and_si256(_mm256_cmpgt_epi32(kpos[h], lo), _mm256_cmpgt_epi32(hi, kpos[h]));
       x[h] = _mm256_blendv_ps(neg_inf, x[h], _mm256_castsi256_ps(valid));
     }
-    const float m_old = c.m[i];
-    float m_new = m_old;
-    float alpha = 1.f;  // O and l are 0 while m_old = -inf: nothing to rescale then either
-    // Some logit above m_old + slack (always the case for the first visible chunk, m_old = -inf).
-    const __m256 threshold = _mm256_set1_ps(m_old + kDirectRescaleSlack);
-    if (_mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(x[0], threshold, _CMP_GT_OQ),
-                                        _mm256_cmp_ps(x[1], threshold, _CMP_GT_OQ))) != 0) {
-      m_new = Vec256::hmax(_mm256_max_ps(x[0], x[1]));
-      if (m_old != kNegInf) {
-        alpha = std::exp(m_old - m_new);
-        rescale = true;
-      }
-      c.m[i] = m_new;
-    }
-    c.alpha[i] = alpha;
+    const __m256 threshold = _mm256_set1_ps(c.m[i] + kDirectRescaleSlack);
+    const bool exceeds = _mm256_movemask_ps(_mm256_or_ps(
+                             _mm256_cmp_ps(x[0], threshold, _CMP_GT_OQ),
+                             _mm256_cmp_ps(x[1], threshold, _CMP_GT_OQ))) != 0;
+    const float alpha = direct_lazy_max(
+        c, i, exceeds, [&] { return Vec256::hmax(_mm256_max_ps(x[0], x[1])); }, &rescale);
+    const float m_new = c.m[i];
     float* prow = p + r * kDirectChunk;
     if (m_new == kNegInf) {  // nothing visible yet
       std::memset(prow, 0, kDirectChunk * sizeof(float));

@@ -235,19 +235,11 @@ inline bool direct_softmax(const ItemContext& c, float* lsum, int row0, int rows
               _mm512_cmplt_epi32_mask(kpos, _mm512_set1_epi32(hi));
     }
     x = _mm512_mask_mov_ps(neg_inf, valid, x);
-    const float m_old = c.m[i];
-    float m_new = m_old;
-    float alpha = 1.f;  // O and l are 0 while m_old = -inf: nothing to rescale then either
-    // Some logit above m_old + slack (always the case for the first visible chunk, m_old = -inf).
-    if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(m_old + kDirectRescaleSlack), _CMP_GT_OQ) != 0) {
-      m_new = _mm512_reduce_max_ps(x);
-      if (m_old != kNegInf) {
-        alpha = std::exp(m_old - m_new);
-        rescale = true;
-      }
-      c.m[i] = m_new;
-    }
-    c.alpha[i] = alpha;
+    const bool exceeds =
+        _mm512_cmp_ps_mask(x, _mm512_set1_ps(c.m[i] + kDirectRescaleSlack), _CMP_GT_OQ) != 0;
+    const float alpha =
+        direct_lazy_max(c, i, exceeds, [&] { return _mm512_reduce_max_ps(x); }, &rescale);
+    const float m_new = c.m[i];
     uint16_t* prow = p + r * kDirectChunk;
     if (m_new == kNegInf) {  // nothing visible yet
       std::memset(prow, 0, kDirectChunk * sizeof(uint16_t));

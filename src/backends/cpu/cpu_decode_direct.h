@@ -110,6 +110,28 @@ __attribute__((always_inline)) inline void direct_prefetch_pair(const DirectPref
   }
 }
 
+// The lazy running max of row i over one chunk (kDirectRescaleSlack): when some logit exceeds
+// m + slack (`exceeds`; always so for the first visible chunk, m = -inf), m becomes the chunk's
+// max (chunk_max(), evaluated only then) and alpha = e^{m_old - m_new}; otherwise m is kept and
+// alpha = 1 (exact: O and l stay relative to the same m). alpha is also 1 while m_old = -inf (O and
+// l are still 0). Stores m and alpha; sets *rescale when O must be rescaled.
+template <class ChunkMax>
+inline float direct_lazy_max(const ItemContext& c, int i, bool exceeds, ChunkMax&& chunk_max,
+                             bool* rescale) {
+  const float m_old = c.m[i];
+  float alpha = 1.f;
+  if (exceeds) {
+    const float m_new = chunk_max();
+    if (m_old != kNegInf) {
+      alpha = std::exp(m_old - m_new);
+      *rescale = true;
+    }
+    c.m[i] = m_new;
+  }
+  c.alpha[i] = alpha;
+  return alpha;
+}
+
 // Runs one item that direct_decode_shape_applies() and the Kernel's own conditions accept.
 template <class Kernel>
 inline void run_direct_decode(const AttentionArgs& a, const WorkItem& it, char* scratch) {
