@@ -126,8 +126,8 @@ inline double measure_paged_read_gbs(const char* k_base, const char* v_base, int
   return best;
 }
 
-// Rate of `chains` independent accumulators per thread updated by `step` (acc = op(acc)),
-// flops_per_step FLOPs each, all threads, best of 3 passes.
+// FLOP rate of loop(iters) (independent accumulator chains) run on every thread at once,
+// flops_per_iteration FLOPs per iteration and thread, best of 3 passes.
 template <class Loop>
 inline double measure_rate_gflops(Loop loop, double flops_per_iteration) {
   const int64_t iters = 20'000'000;

@@ -59,14 +59,9 @@ __attribute__((always_inline)) inline void widen16(const char* src, __m256& lo, 
     const __m256i z = _mm256_setzero_si256();
     lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, x));
     hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, x));
-  } else if constexpr (DT == DType::f16) {
-    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16)));
-  } else if constexpr (DT == DType::fp8_e5m2) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    const __m128i z = _mm_setzero_si128();
-    lo = _mm256_cvtph_ps(_mm_unpacklo_epi8(z, x));
-    hi = _mm256_cvtph_ps(_mm_unpackhi_epi8(z, x));
+  } else if constexpr (DT == DType::f16 || DT == DType::fp8_e5m2) {
+    lo = Vec256::load_f32<DT>(src, 0);
+    hi = Vec256::load_f32<DT>(src, 8);
   } else {
     static_assert(DT == DType::fp8_e4m3);
     const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
@@ -115,11 +110,12 @@ inline int64_t zero_after(__m256 x) {
 // (docs/perf/cpu.md).
 constexpr int kAvx2KeyLookahead = 4;
 
-__attribute__((always_inline)) inline void avx2_prefetch_pair(const DirectPrefetch& pf, int tp,
-                                                              int64_t pace) {
+// k: this head's K rows of the chunk.
+__attribute__((always_inline)) inline void avx2_prefetch_pair(const DirectPrefetch& pf,
+                                                              const char* k, int tp, int64_t pace) {
   const char* l1_v = pf.l1_v + (2 * tp) * pf.v_stride + pace;
   const int j = 2 * tp + kAvx2KeyLookahead;  // the next K rows: this head's, then the next head's
-  const char* l1_k = (j < kDirectChunk ? pf.k_rows + j * pf.k_stride
+  const char* l1_k = (j < kDirectChunk ? k + j * pf.k_stride
                                        : pf.l1_k + (j - kDirectChunk) * pf.k_stride) + pace;
   for (int64_t l = 0; l < pf.row_bytes; l += 64) {
     __builtin_prefetch(l1_v + l, 0, 3);
@@ -172,7 +168,7 @@ __attribute__((always_inline)) inline void avx2_qk(const float* q, int d, const 
     }
     // [a01, a23, b01, b23 | a45, a67, b45, b67] (sums of adjacent lanes)
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(red + (r * 8 + tp) * 8, _mm256_hadd_ps(a[r], b[r]));
-    if (prefetch) avx2_prefetch_pair(pf, tp, zero_after(b[0]));
+    if (prefetch) avx2_prefetch_pair(pf, k, tp, zero_after(b[0]));
   }
   for (int r = 0; r < R; ++r) {
     const float* x = red + r * 64;
@@ -257,16 +253,7 @@ template <DType DT, bool kNanSafe, int R, bool kFull>
 __attribute__((always_inline)) inline void avx2_pv(float* o, int dv, const float* p, const char* v,
                                                    int64_t v_stride, int live, const int32_t* lo,
                                                    const int32_t* hi, int t0) {
-  int lo_all = 0, hi_all = kFull ? kDirectChunk : live, lo_any = hi_all, hi_any = 0;
-  for (int r = 0; r < R; ++r) {
-    lo_all = imax(lo_all, lo[r] - t0);
-    hi_all = imin(hi_all, hi[r] - t0);
-    lo_any = imin(lo_any, lo[r] - t0);
-    hi_any = imax(hi_any, hi[r] - t0);
-  }
-  lo_any = imax(lo_any, 0);
-  hi_any = imin(hi_any, kFull ? kDirectChunk : live);
-  if (hi_all < lo_all) lo_all = hi_all = hi_any;  // no key seen by every row: all ragged
+  const ChunkKeys keys = chunk_keys_seen(lo, hi, R, t0, kFull ? kDirectChunk : live);
   for (int g = 0; g < dv; g += 16) {
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) {
@@ -275,7 +262,7 @@ __attribute__((always_inline)) inline void avx2_pv(float* o, int dv, const float
     }
     const char* vg = v + g * kElemBytes<DT>;
 #pragma GCC unroll 4
-    for (int t = lo_all; t < hi_all; ++t) {
+    for (int t = keys.all_lo; t < keys.all_hi; ++t) {
       __m256 vl, vh;
       widen16<DT, kNanSafe>(vg + t * v_stride, vl, vh);
       for (int r = 0; r < R; ++r) {
@@ -284,18 +271,20 @@ __attribute__((always_inline)) inline void avx2_pv(float* o, int dv, const float
         acc[r][1] = _mm256_fmadd_ps(pb, vh, acc[r][1]);
       }
     }
-    for (int t = lo_any; t < hi_any; ++t) {  // ragged keys: the rows that see them
-      if (t == lo_all) t = hi_all;
-      if (t >= hi_any) break;
-      __m256 vl, vh;
-      widen16<DT, kNanSafe>(vg + t * v_stride, vl, vh);
-      for (int r = 0; r < R; ++r) {
-        if (t0 + t < lo[r] || t0 + t >= hi[r]) continue;
-        const __m256 pb = _mm256_broadcast_ss(p + r * kDirectChunk + t);
-        acc[r][0] = _mm256_fmadd_ps(pb, vl, acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(pb, vh, acc[r][1]);
+    const auto ragged = [&](int t_begin, int t_end) {  // the rows that see each key
+      for (int t = t_begin; t < t_end; ++t) {
+        __m256 vl, vh;
+        widen16<DT, kNanSafe>(vg + t * v_stride, vl, vh);
+        for (int r = 0; r < R; ++r) {
+          if (t0 + t < lo[r] || t0 + t >= hi[r]) continue;
+          const __m256 pb = _mm256_broadcast_ss(p + r * kDirectChunk + t);
+          acc[r][0] = _mm256_fmadd_ps(pb, vl, acc[r][0]);
+          acc[r][1] = _mm256_fmadd_ps(pb, vh, acc[r][1]);
+        }
       }
-    }
+    };
+    ragged(keys.any_lo, keys.all_lo);
+    ragged(keys.all_hi, keys.any_hi);
     for (int r = 0; r < R; ++r) {
       _mm256_storeu_ps(o + static_cast<size_t>(r) * dv + g, acc[r][0]);
       _mm256_storeu_ps(o + static_cast<size_t>(r) * dv + g + 8, acc[r][1]);

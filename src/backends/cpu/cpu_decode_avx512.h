@@ -145,18 +145,11 @@ __attribute__((always_inline)) inline void direct_pv_dims(float* o, int head_siz
                                                           const uint16_t* p, const char* v,
                                                           int64_t v_stride, int live, int d0,
                                                           const int32_t* lo, const int32_t* hi,
-                                                          int t0) {
+                                                          int t0, const ChunkKeys& keys) {
   const int n = kFull ? kDirectChunk : live;
-  int lo_all = 0, hi_all = n, lo_any = n, hi_any = 0;
-  for (int r = 0; r < R; ++r) {
-    lo_all = imax(lo_all, lo[r] - t0);
-    hi_all = imin(hi_all, hi[r] - t0);
-    lo_any = imin(lo_any, lo[r] - t0);
-    hi_any = imax(hi_any, hi[r] - t0);
-  }
-  lo_any = imax(lo_any, 0);
-  hi_any = imin(hi_any, n);
-  const int full_begin = (lo_all + 1) / 2, full_end = imax(full_begin, hi_all / 2);
+  // Pairs with both keys in [all_lo, all_hi); the pairs that overlap [any_lo, any_hi) besides.
+  const int full_begin = (keys.all_lo + 1) / 2;
+  const int full_end = imax(full_begin, keys.all_hi / 2);
   __m512 acc[R][2 * NCG];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 2 * NCG; ++j)
@@ -182,16 +175,18 @@ __attribute__((always_inline)) inline void direct_pv_dims(float* o, int head_siz
   };
 #pragma GCC unroll 2
   for (int tp = full_begin; tp < full_end; ++tp) pair(tp, 0, R - 1, true, true);
-  for (int tp = lo_any / 2; tp < (hi_any + 1) / 2; ++tp) {  // ragged pairs: the rows that see them
-    if (tp == full_begin && full_end > full_begin) tp = full_end;
-    if (tp >= (hi_any + 1) / 2) break;
-    const int ka = t0 + 2 * tp, kb = ka + 1;
-    for (int r = 0; r < R; ++r) {
-      const bool sees_a = ka >= lo[r] && ka < hi[r] && 2 * tp < n;
-      const bool sees_b = kb >= lo[r] && kb < hi[r] && 2 * tp + 1 < n;
-      if (sees_a || sees_b) pair(tp, r, r, sees_a, sees_b);
+  const auto ragged = [&](int tp_begin, int tp_end) {  // the rows that see each pair's keys
+    for (int tp = tp_begin; tp < tp_end; ++tp) {
+      const int ka = t0 + 2 * tp, kb = ka + 1;
+      for (int r = 0; r < R; ++r) {
+        const bool sees_a = ka >= lo[r] && ka < hi[r] && 2 * tp < n;
+        const bool sees_b = kb >= lo[r] && kb < hi[r] && 2 * tp + 1 < n;
+        if (sees_a || sees_b) pair(tp, r, r, sees_a, sees_b);
+      }
     }
-  }
+  };
+  ragged(keys.any_lo / 2, full_begin);
+  ragged(full_end, (keys.any_hi + 1) / 2);
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 2 * NCG; ++j)
       _mm512_storeu_ps(o + static_cast<size_t>(r) * head_size_v + d0 + 16 * j, acc[r][j]);
@@ -282,10 +277,11 @@ inline void direct_rows(const ItemContext& c, float* lsum, float* red, int row0,
   int d0 = 0;
   const int32_t* lo = c.lo + row0;
   const int32_t* hi = c.hi + row0;
+  const ChunkKeys keys = chunk_keys_seen(lo, hi, R, t0, kFull ? kDirectChunk : live);
   for (; d0 + 64 <= dv; d0 += 64) {
-    direct_pv_dims<R, 2, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0);
+    direct_pv_dims<R, 2, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0, keys);
   }
-  if (d0 < dv) direct_pv_dims<R, 1, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0);
+  if (d0 < dv) direct_pv_dims<R, 1, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0, keys);
 }
 
 // The AVX-512 BF16 kernel of the direct decode driver (cpu_decode_direct.h).

@@ -69,6 +69,8 @@ inline bool direct_decode_shape_applies(const AttentionArgs& a, const WorkItem& 
 //   the next head's K rows (the next chunk's first head after the last one), L2 -> L1. Without
 //   it the strided rows of one head were read from L2 with their latency exposed (measured +40%
 //   single-thread with it).
+// (That is the AVX-512 kernel's plan; the AVX2 kernel takes the L1 part only, with this head's K
+// rows a few keys ahead instead: cpu_decode_avx2.h.)
 // Every pointer is valid to prefetch (where there is nothing left to fetch it points at data that
 // is already cached): prefetches never fault, and no branch is needed.
 struct DirectPrefetch {
@@ -76,8 +78,7 @@ struct DirectPrefetch {
   const char* l2_v = nullptr;
   const char* l1_v = nullptr;
   const char* l1_k = nullptr;
-  const char* k_rows = nullptr;        // this head's K rows of this chunk
-  int64_t k_stride = 0, v_stride = 0;  // bytes between keys (rows) for l1_k, l1_v, k_rows
+  int64_t k_stride = 0, v_stride = 0;  // bytes between keys (rows) for l1_k, l1_v
   int64_t row_bytes = 0;               // bytes of one K (= V) row
 };
 
@@ -108,6 +109,29 @@ __attribute__((always_inline)) inline void direct_prefetch_pair(const DirectPref
     __builtin_prefetch(l1_k + 64 * l, 0, 3);
     __builtin_prefetch(l1_k + pf.k_stride + 64 * l, 0, 3);
   }
+}
+
+// The keys [0, n) of a chunk (relative to its first key t0) that the rows of a register block see
+// (row r: [lo[r], hi[r]) in absolute keys): every row sees [all_lo, all_hi), some row sees
+// [any_lo, any_hi), and all_lo <= all_hi always (both = any_hi when no key is seen by every row),
+// so the keys only some rows see ("ragged": a causal end between the tokens of a multi-token
+// decode, a window start) are [any_lo, all_lo) and [all_hi, any_hi).
+struct ChunkKeys {
+  int all_lo, all_hi, any_lo, any_hi;
+};
+
+inline ChunkKeys chunk_keys_seen(const int32_t* lo, const int32_t* hi, int rows, int t0, int n) {
+  ChunkKeys k{0, n, n, 0};
+  for (int r = 0; r < rows; ++r) {
+    k.all_lo = imax(k.all_lo, lo[r] - t0);
+    k.all_hi = imin(k.all_hi, hi[r] - t0);
+    k.any_lo = imin(k.any_lo, lo[r] - t0);
+    k.any_hi = imax(k.any_hi, hi[r] - t0);
+  }
+  k.any_lo = imax(k.any_lo, 0);
+  k.any_hi = imin(k.any_hi, n);
+  if (k.all_hi <= k.all_lo) k.all_lo = k.all_hi = k.any_hi;
+  return k;
 }
 
 // The lazy running max of row i over one chunk (kDirectRescaleSlack): when some logit exceeds
@@ -206,7 +230,6 @@ inline void run_direct_decode(const AttentionArgs& a, const WorkItem& it, char* 
         pf.l2_v = v_ahead + b * v_share;
         pf.l1_v = v + b * v_head;
         pf.l1_k = b + 1 < heads ? k + (b + 1) * k_head : k_next;
-        pf.k_rows = k + b * k_head;
         c.logit_scale = a.scale * kv_key_scale(a, it.kv_head + b) * key_factor;
         if (live == kDirectChunk) {
           Kernel::template head_chunk<true>(c, lsum, red, b * rows_per_head, rows_per_head,

@@ -169,9 +169,9 @@ const KernelTable* amx_kernel_table();
 // without AMX; needs AVX-512). Not chosen by dispatch; see set_kernel_table_override.
 const KernelTable* amx_emulated_kernel_table();
 
-// Dispatch, chosen once: env PAGEDATTN_CPU_ISA = scalar | avx2 | avx512f | avx512 | amx (read on first use;
-// a value the CPU cannot run, or an unknown name, is an Error naming PAGEDATTN_CPU_ISA), else the
-// best the CPU supports (CPUID; amx also needs the OS's tile state and Linux's
+// Dispatch, chosen once: env PAGEDATTN_CPU_ISA = scalar | avx2 | avx512f | avx512 | amx (read on
+// first use; a value the CPU cannot run, or an unknown name, is an Error naming PAGEDATTN_CPU_ISA),
+// else the best the CPU supports (CPUID; amx also needs the OS's tile state and Linux's
 // arch_prctl(ARCH_REQ_XCOMP_PERM) permission, requested once on first use). set_isa_override
 // (tests, benchmarks) replaces the choice; it throws Error when the CPU lacks the ISA.
 const KernelTable& active_kernels();
@@ -186,8 +186,8 @@ void clear_isa_override();
 void set_kernel_table_override(const KernelTable* table);
 
 // Decode kernel choice, read once: env PAGEDATTN_CPU_DECODE_KERNEL = auto (the default: the direct
-// decode kernel for the head-fused decode items it applies to, on the avx2, avx512 and amx paths,
-// cpu_decode_direct.h) | tile
+// decode kernel for the head-fused decode items it applies to, on the avx2, avx512f, avx512 and amx
+// paths, cpu_decode_direct.h) | tile
 // (the tile kernel for every item; for A/B measurements). An unknown value is an Error naming the
 // variable. set_decode_kernel_override (tests, benchmarks) replaces the choice until cleared.
 enum class DecodeKernel : int { automatic = 0, tile = 1 };
