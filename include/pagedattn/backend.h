@@ -110,6 +110,10 @@ struct BuilderConfig {
   bool use_alibi = false;
   AttentionType attn_type = AttentionType::decoder;
   int num_sms = 0;                     // 0 = ask the device (CPU: number of threads)
+  // Batch-invariant mode (pagedattn/batch_invariance.h; also env PAGEDATTN_BATCH_INVARIANT=1):
+  // every plan of the builder is a function of each request alone, so a request's output rows
+  // are bitwise identical whatever else is in the batch. No cascade; fixed split-KV sizes.
+  bool batch_invariant = false;
   // MLA groups only (spec.kind == mla): the layer dimensions and the activation dtype (the
   // builder owns the step's MLA workspaces), and the chunked-prefill workspace in tokens
   // (0 = vLLM's rule, see mla.h). num_heads above is the layers' query heads.
@@ -151,6 +155,7 @@ struct AttentionMetadata {
   int num_reqs = 0;
   bool use_cascade = false;
   int common_prefix_len = 0;
+  bool batch_invariant = false;  // planned in batch-invariant mode (pagedattn/batch_invariance.h)
   TensorView slot_mapping;  // what reshape_and_cache uses this step
   PlanStamp stamp;          // empty for host plans (see above)
   // The largest block id and slot the step touches (kv_cache_footprint, at build()): every

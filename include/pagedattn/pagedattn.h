@@ -3,6 +3,7 @@
 
 #include "pagedattn/attention_type.h"
 #include "pagedattn/backend.h"
+#include "pagedattn/batch_invariance.h"
 #include "pagedattn/device.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"

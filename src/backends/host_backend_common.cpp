@@ -186,6 +186,7 @@ void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
 
   plan.num_actual_tokens = common.num_actual_tokens;
   plan.num_reqs = num_reqs;
+  plan.batch_invariant = config.batch_invariant;
   plan.attn_type = type;
   plan.causal = type == AttentionType::decoder && common.causal;
   plan.block_size = spec.block_size;
@@ -237,7 +238,7 @@ void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
 
   const bool cascade_allowed = type == AttentionType::decoder && plan.causal &&
                                !config.sliding_window && !config.use_alibi && num_reqs > 0;
-  if (common_prefix_len > 0 && cascade_allowed && !fast_build) {
+  if (common_prefix_len > 0 && cascade_allowed && !fast_build && !config.batch_invariant) {
     PAGEDATTN_CHECK(common_prefix_len % spec.block_size == 0, "common_prefix_len", who,
                     "common_prefix_len = ", common_prefix_len,
                     " must be a multiple of block_size = ", spec.block_size);

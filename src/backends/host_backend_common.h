@@ -77,8 +77,9 @@ struct HostBatchPlan : AttentionMetadata {
 // first num_actual_tokens; all of them for cross-attention, whose slots map encoder tokens),
 // and decides cascade: common_prefix_len > 0 && causal decoder && no window && no ALiBi, with
 // the prefix a multiple of block_size, cached for every request and on blocks every request
-// shares (else an Error naming common_prefix_len). fast_build: no cascade decision (the prefix
-// is only checked >= 0). `who` prefixes messages ("CPU build: ").
+// shares (else an Error naming common_prefix_len). fast_build and config.batch_invariant (the
+// builder resolved batch_invariant_mode into it): no cascade decision (the prefix is only checked
+// >= 0). `who` prefixes messages ("CPU build: ").
 void fill_host_batch_plan(HostBatchPlan& plan, int common_prefix_len,
                           const CommonAttentionMetadata& common, const KVCacheSpec& spec,
                           const BuilderConfig& config, std::string_view who, bool fast_build);

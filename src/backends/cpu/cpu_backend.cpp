@@ -116,7 +116,8 @@ class CpuBackend final : public AttentionBackend {
     caps.features = {"alibi",        "sliding_window",     "soft_cap", "sinks",
                      "lse",          "cascade",            "fp8_output", "head_size_v",
                      "fp8_kv_cache", "per_head_kv_scales", "gqa",      "non_causal_decoder",
-                     "split_kv",     "avx512_bf16",        "avx2",     "openmp"};
+                     "split_kv",     "avx512_bf16",        "avx2",     "openmp",
+                     "batch_invariant"};
     if (isa_supported(Isa::amx)) caps.features.push_back("amx");  // AMX-BF16 tiles usable here
     return caps;
   }

@@ -75,7 +75,7 @@ class CpuMetadataBuilder final : public AttentionMetadataBuilder {
   std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
                                                  const CommonAttentionMetadata& common,
                                                  bool fast_build = false) override;
-  bool supports_cascade() const override { return true; }
+  bool supports_cascade() const override { return !config_.batch_invariant; }  // no cascade in the mode
   size_t workspace_bytes() const override { return workspace_->bytes(); }
   int num_threads() const { return workspace_->num_threads; }
 

@@ -17,7 +17,8 @@
 // once for P·V (its first 512 dims, re-read from L1/L2). Split-KV: when the decodes give fewer
 // than kItemsPerThread items per thread, each request's keys are split in 64-key-aligned ranges
 // of >= kMinSplitKeys keys; splits write unnormalised partial rows (O, max, sum) that merge
-// tasks combine (LSE merge), exactly as the CPU backend (cpu_plan.cpp).
+// tasks combine (LSE merge), exactly as the CPU backend (cpu_plan.cpp). A batch-invariant builder
+// never splits (one item per decode token over all its keys: the same bits in any batch).
 //
 // Memory traffic and floor: every latent row of a decode request is read once from DRAM
 // (Σ seq_len · (L + R) · cache bytes); q_latent (H · (L + R)) and o_latent (H · L) per token
@@ -62,9 +63,11 @@ constexpr const char* kName = "CPU_MLA";
 }  // namespace
 
 std::shared_ptr<CpuMlaDecodeWorkspace> make_mla_decode_workspace(int num_threads, int num_heads,
-                                                                 const MLADimensions& dims) {
+                                                                 const MLADimensions& dims,
+                                                                 bool split_kv) {
   auto ws = std::make_shared<CpuMlaDecodeWorkspace>();
   ws->num_threads = resolve_num_threads(num_threads);
+  ws->split_kv = split_kv;
   ws->num_heads = num_heads;
   ws->max_rows = num_heads;  // one decode token per item: H rows
   ws->head_size = dims.latent_head_size();
@@ -73,7 +76,7 @@ std::shared_ptr<CpuMlaDecodeWorkspace> make_mla_decode_workspace(int num_threads
                        ~static_cast<size_t>(63);
   // Splits exist only while decode tokens < target = kItemsPerThread * threads; each token then
   // gets <= cdiv(target, tokens) splits, < 2 * target splits in all, H partial rows each.
-  if (ws->num_threads > 1) {
+  if (ws->num_threads > 1 && split_kv) {
     ws->partial_capacity_rows =
         2 * static_cast<int64_t>(kItemsPerThread) * ws->num_threads * num_heads;
     ws->partial_o_stride = (ws->head_size_v + 15) / 16 * 16;
@@ -97,8 +100,8 @@ void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& ws, bool
   plan.partial_rows_used = 0;
   int64_t base_items = 0;
   for (int r = 0; r < num_decodes; ++r) base_items += qsl[r + 1] - qsl[r];
-  const bool split_kv =
-      !fast_build && ws.num_threads > 1 && base_items > 0 && base_items < target_items;
+  const bool split_kv = !fast_build && ws.split_kv && ws.num_threads > 1 && base_items > 0 &&
+                        base_items < target_items;
   const int64_t want_splits = split_kv ? cdiv(target_items, base_items) : 1;
 
   auto item_for = [&](int r, int tok, int kb, int ke) {
@@ -232,7 +235,9 @@ class CpuMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
                     " are not supported: kv_lora_rank and kv_lora_rank + qk_rope_head_dim must be "
                     "multiples of ", kHeadSizeMultiple, " from ", kHeadSizeMultiple, " to ",
                     kMaxKernelHeadSize);
-    cpu_workspace_ = make_mla_decode_workspace(config_.num_sms, config_.num_heads, dims);
+    // Batch-invariant builders (config_ resolved by the common builder): no split-KV.
+    cpu_workspace_ = make_mla_decode_workspace(config_.num_sms, config_.num_heads, dims,
+                                               !config_.batch_invariant);
   }
 
   size_t workspace_bytes() const override {
@@ -467,7 +472,8 @@ class CpuMlaBackend final : public MLABackend {
       caps.head_sizes.push_back(d);
     }
     caps.attn_types = {AttentionType::decoder};
-    caps.features = {"mla", "lse", "split_kv", "fp8_kv_cache", "avx512_bf16", "avx2", "openmp"};
+    caps.features = {"mla",  "lse",  "split_kv", "fp8_kv_cache", "avx512_bf16",
+                     "avx2", "openmp", "batch_invariant"};
     return caps;
   }
 };

@@ -30,6 +30,9 @@ struct CpuMlaDecodeWorkspace {
   int num_heads = 0;
   int max_rows = 0;                   // rows of the largest item = num_heads
   int head_size = 0, head_size_v = 0; // L + R, L
+  // false (batch-invariant builders): every decode token is one item over all its keys, never
+  // split, whatever the batch and the thread count; no partial rows are allocated.
+  bool split_kv = true;
   size_t scratch_stride = 0;          // bytes per thread, multiple of 64
   int64_t partial_capacity_rows = 0;
   int64_t partial_o_stride = 0;       // floats per partial row (L rounded up to 16)
@@ -55,9 +58,11 @@ struct CpuMlaMetadata final : MLAMetadata {
   std::shared_ptr<CpuMlaDecodeWorkspace> cpu_workspace;
 };
 
-// The decode workspace of a builder (threads from resolve_num_threads(num_threads)).
+// The decode workspace of a builder (threads from resolve_num_threads(num_threads)); split_kv
+// false for a batch-invariant builder.
 std::shared_ptr<CpuMlaDecodeWorkspace> make_mla_decode_workspace(int num_threads, int num_heads,
-                                                                 const MLADimensions& dims);
+                                                                 const MLADimensions& dims,
+                                                                 bool split_kv = true);
 
 // The latent attention of a plan's decode tokens (forward_decode after its checks; also the
 // benchmark's entry): q_latent (Td, H, L + R) in `activation`, kv_cache (num_blocks, block_size,
@@ -70,7 +75,8 @@ void run_latent_decode(const CpuMlaMetadata& plan, const TensorView& q_latent,
 
 // The decode items and merges of `num_decodes` requests with the given query token ranges and
 // key counts (exposed for tests): fills items / merges / partial_rows_used of `plan`.
-// fast_build: one item per token in batch order (no split-KV, no cost ordering).
+// fast_build: one item per token in batch order (no split-KV, no cost ordering). A workspace
+// without split_kv: one item per token, largest first.
 void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& workspace,
                      bool fast_build = false);
 

@@ -13,6 +13,13 @@
 //   fast_build       (build_for_drafting) none of the above decisions: one item per (request,
 //                    q tile), its KV heads fused when they fit, in batch order; no cost model,
 //                    no split-KV, no cascade, no sort.
+//   batch_invariant  (BuilderConfig::batch_invariant / PAGEDATTN_BATCH_INVARIANT=1) the fast
+//                    build's partition, which is a function of each request alone (its q tiles
+//                    from its first token, KV heads fused iff its rows fit the scratch, never
+//                    split, no cascade), then the cost order. Every row is computed by one item on
+//                    one thread in the same order whatever the batch and the thread count; the
+//                    order of the items only decides which thread runs them
+//                    (docs/batch_invariance.md).
 // The workspace (per-thread scratch, partial rows) is sized once by the builder from
 // BuilderConfig, which allocates its first set of run buffers; a plan that would need more
 // partial rows than a set has splits less. Each forward leases a set (cpu_internal.h).
@@ -24,6 +31,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_internal.h"
+#include "pagedattn/batch_invariance.h"
 #include "pagedattn/error.h"
 #include "pagedattn/metadata.h"
 
@@ -101,6 +109,8 @@ CpuMetadataBuilder::CpuMetadataBuilder(KVCacheSpec spec, BuilderConfig config)
                   ", max_num_batched_tokens = ", config_.max_num_batched_tokens,
                   ", max_model_len = ", config_.max_model_len, " must all be positive");
 
+  config_.batch_invariant = batch_invariant_mode(config_);
+
   auto ws = std::make_shared<CpuWorkspace>();
   ws->num_threads = resolve_num_threads(config_.num_sms);
   const int group = config_.num_heads / config_.num_kv_heads;
@@ -110,8 +120,9 @@ CpuMetadataBuilder::CpuMetadataBuilder(KVCacheSpec spec, BuilderConfig config)
   ws->scratch_stride = (thread_scratch_bytes(ws->head_size, ws->head_size_v, ws->max_rows) + 63) &
                        ~static_cast<size_t>(63);
   // Split-KV partials: splits only exist while items < kItemsPerThread * threads, so at most
-  // 2 * target groups of <= kMaxSplitQueryLen * G rows each (see cpu_plan.cpp header).
-  if (ws->num_threads > 1) {
+  // 2 * target groups of <= kMaxSplitQueryLen * G rows each (see cpu_plan.cpp header). The
+  // batch-invariant mode never splits.
+  if (ws->num_threads > 1 && !config_.batch_invariant) {
     const int64_t target = static_cast<int64_t>(kItemsPerThread) * ws->num_threads;
     ws->partial_capacity_rows = 2 * target * kMaxSplitQueryLen * group;
   }
@@ -227,11 +238,12 @@ std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
       }
       r = end;
     }
-  } else if (fast_build) {
+  } else if (fast_build || config_.batch_invariant) {
     // fast_build: the fixed default partition, in batch order, with no cost model, no split-KV
     // search and no thread-balance test before fusing: one item per (request, q tile) over all KV
     // heads when its rows fit the scratch, else one per KV head. Dynamic scheduling balances the
-    // threads.
+    // threads. batch_invariant: the same partition (it depends on each request alone), then the
+    // cost order below.
     for (int r = 0; r < num_reqs; ++r) {
       const int q_first = md->query_start_loc[r];
       const int q_end = md->query_start_loc[r + 1];
@@ -249,7 +261,11 @@ std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
         }
       }
     }
-    return md;
+    if (fast_build) return md;
+    for (WorkItem& item : items) {
+      item.cost = range_cost(item.req_begin, item.tok_begin, item.tok_end, item.kv_begin,
+                             item.kv_end, 0) * item.num_kv_heads;
+    }
   } else {
     for (int r = 0; r < num_reqs; ++r) {
       const int q_first = md->query_start_loc[r];

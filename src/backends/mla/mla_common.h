@@ -105,7 +105,9 @@ class MLACommonMetadataBuilder : public AttentionMetadataBuilder {
   ~MLACommonMetadataBuilder() override;
   // Requires the batch ordered decodes first (reorder_batch; Error naming "common" otherwise).
   // No cascade path (common_prefix_len is checked >= 0 and ignored); fast_build goes to
-  // plan_decode.
+  // plan_decode. Batch-invariant builders (config().batch_invariant, resolved at construction
+  // with batch_invariant_mode) cut every prefill's context in chunks of min_context_chunk()
+  // tokens whatever the batch; their plan_decode must depend on each request alone.
   std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
                                                  const CommonAttentionMetadata& common,
                                                  bool fast_build = false) override;
@@ -113,6 +115,9 @@ class MLACommonMetadataBuilder : public AttentionMetadataBuilder {
   size_t workspace_bytes() const override;
   const BuilderConfig& config() const { return config_; }
   Device device() const { return device_; }
+  // The context chunk each prefill gets when the batch holds max_num_seqs prefills with context
+  // (whole pages, at least one): the chunk of every batch-invariant plan.
+  int64_t min_context_chunk() const;
 
  protected:
   // The backend's metadata type (derived from MLAMetadata) and its decode plan. plan_decode runs

@@ -15,6 +15,7 @@
 
 #include "backends/mla/mla_common.h"
 #include "core/device_memory.h"
+#include "pagedattn/batch_invariance.h"
 #include "pagedattn/error.h"
 #include "pagedattn/metadata.h"
 
@@ -148,14 +149,12 @@ MLACommonMetadataBuilder::MLACommonMetadataBuilder(KVCacheSpec spec, const Build
                                                    Device device)
     : AttentionMetadataBuilder(std::move(spec)), config_(config), device_(device) {
   check_builder_config(spec_, config_);
+  config_.batch_invariant = batch_invariant_mode(config_);
   workspace_ = make_workspace(config_, spec_.block_size, device_);
   if (device_ == Device::cuda) {
     arrays_ = std::make_unique<DeviceArrays>();
     const int64_t s = config_.max_num_seqs;
-    const int64_t min_chunk =
-        std::max<int64_t>(spec_.block_size, (workspace_->workspace_tokens / s) /
-                                                spec_.block_size * spec_.block_size);
-    arrays_->max_chunks = std::max<int64_t>(1, cdiv(config_.max_model_len, min_chunk));
+    arrays_->max_chunks = std::max<int64_t>(1, cdiv(config_.max_model_len, min_context_chunk()));
     arrays_->decode_seq_lens = Tensor(Shape{s}, DType::i32, device_);
     arrays_->query_start_loc = Tensor(Shape{s + 1}, DType::i32, device_);
     arrays_->seq_lens = Tensor(Shape{s}, DType::i32, device_);
@@ -163,6 +162,11 @@ MLACommonMetadataBuilder::MLACommonMetadataBuilder(KVCacheSpec spec, const Build
     arrays_->chunk_starts = Tensor(Shape{arrays_->max_chunks * s}, DType::i32, device_);
     arrays_->cu_seq_lens = Tensor(Shape{arrays_->max_chunks * (s + 1)}, DType::i32, device_);
   }
+}
+
+int64_t MLACommonMetadataBuilder::min_context_chunk() const {
+  const int64_t bs = spec_.block_size;
+  return std::max<int64_t>(bs, (workspace_->workspace_tokens / config_.max_num_seqs) / bs * bs);
 }
 
 // Plans built by this builder read its device arrays (CUDA): they become stale with it.
@@ -241,6 +245,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   md->num_reqs = num_reqs;
   md->use_cascade = false;
   md->common_prefix_len = 0;
+  md->batch_invariant = config_.batch_invariant;
   md->slot_mapping = common.slot_mapping.narrow(0, 0, common.num_actual_tokens);
   md->cache_footprint = kv_cache_footprint(common, spec_.block_size);
   md->num_decodes = num_decodes;
@@ -284,8 +289,12 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
       MLAChunkedContextMetadata& cc = pre.chunked_context.emplace();
       const int64_t w = workspace_->workspace_tokens;
       cc.workspace_tokens = w;
+      // Batch-invariant: the chunk every prefill gets with the most prefills the builder takes,
+      // whatever this batch holds, so a request's chunks (and their LSE merges) are its own.
       cc.max_context_chunk =
-          static_cast<int>((w / with_context) / spec_.block_size * spec_.block_size);
+          config_.batch_invariant
+              ? static_cast<int>(min_context_chunk())
+              : static_cast<int>((w / with_context) / spec_.block_size * spec_.block_size);
       PAGEDATTN_CHECK(cc.max_context_chunk > 0, "config.mla_chunked_prefill_workspace_tokens",
                       kWho, "workspace of ", w, " tokens gives ", with_context,
                       " prefills with context less than one page of ", spec_.block_size,

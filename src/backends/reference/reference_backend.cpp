@@ -8,6 +8,7 @@
 
 #include "backends/host_backend_common.h"
 #include "backends/reference/reference_internal.h"
+#include "pagedattn/batch_invariance.h"
 #include "pagedattn/error.h"
 #include "pagedattn/metadata.h"
 
@@ -96,7 +97,7 @@ class ReferenceBackend final : public AttentionBackend {
     caps.features = {
         "alibi",   "sliding_window",    "soft_cap",    "sinks",        "lse",
         "cascade", "fp8_output",        "head_size_v", "fp8_kv_cache", "per_head_kv_scales",
-        "gqa",     "non_causal_decoder"};
+        "gqa",     "non_causal_decoder", "batch_invariant"};
     return caps;
   }
 };
@@ -165,8 +166,12 @@ void check_impl_params(const AttentionImplParams& p) {
 
 // ---- builder ----------------------------------------------------------------------------------
 
+// Batch-invariant mode: rows are computed independently in fp64 whatever the batch; the mode
+// only turns the cascade path off (its prefix/suffix merge rounds differently).
 ReferenceMetadataBuilder::ReferenceMetadataBuilder(KVCacheSpec spec, BuilderConfig config)
-    : AttentionMetadataBuilder(std::move(spec)), config_(std::move(config)) {}
+    : AttentionMetadataBuilder(std::move(spec)), config_(std::move(config)) {
+  config_.batch_invariant = batch_invariant_mode(config_);
+}
 
 std::shared_ptr<const AttentionMetadata> ReferenceMetadataBuilder::build(
     int common_prefix_len, const CommonAttentionMetadata& common, bool fast_build) {

@@ -30,7 +30,7 @@ class ReferenceMetadataBuilder final : public AttentionMetadataBuilder {
   std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
                                                  const CommonAttentionMetadata& common,
                                                  bool fast_build = false) override;
-  bool supports_cascade() const override { return true; }
+  bool supports_cascade() const override { return !config_.batch_invariant; }  // no cascade in the mode
 
  private:
   BuilderConfig config_;

@@ -365,7 +365,7 @@ class ReferenceMLABackend final : public MLABackend {
     caps.kv_cache_dtypes = host::kv_cache_dtype_names();
     caps.head_sizes = {};
     caps.attn_types = {AttentionType::decoder};
-    caps.features = {"mla", "lse", "fp8_kv_cache"};
+    caps.features = {"mla", "lse", "fp8_kv_cache", "batch_invariant"};
     return caps;
   }
 };

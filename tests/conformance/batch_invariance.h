@@ -1,0 +1,61 @@
+// Batch-invariance harness (pagedattn/batch_invariance.h): runs a pool of requests through one
+// layer of any backend, each request alone and in many random batches, and compares the output
+// rows (and LSE) of every request bit for bit with its run alone.
+//
+// One pool = one scheduler step's worth of requests, each with its own pages (context written
+// once, straight into the cache with the public cache ops) and its own new tokens (query, key,
+// value; MLA: q, kv_c_normed, k_pe). A batch is a subset of the pool in some order: the builder
+// plans it, the layer writes the new tokens (the same bytes to the same slots every time) and
+// attends into outputs poisoned with NaN. Batches vary in size, composition, the position of each
+// request, decode-only vs mixed, and BuilderConfig::num_sms (the CPU's thread count, the CUDA
+// planner's SM count). Shared by the CPU tests and the GPU tests; works on any device.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conformance/harness.h"
+#include "pagedattn/pagedattn.h"
+
+namespace pagedattn::conformance::invariance {
+
+struct InvarianceCase {
+  std::string name;
+  DType dtype = DType::bf16;
+  std::string kv_cache_dtype = "auto";
+  int head_size = 64;           // standard layers
+  int num_heads = 8;
+  int num_kv_heads = 2;         // standard layers
+  int block_size = 16;
+  std::optional<int> sliding_window;
+  bool mla = false;             // an MLAAttention layer (decodes have query_len 1)
+  MLADimensions mla_dims{64, 32, 16, 32};
+  int64_t mla_workspace_tokens = 0;  // chunked-prefill workspace (0 = vLLM's rule)
+  std::vector<RequestShape> pool;    // context_len cached tokens + query_len new ones
+  int compositions = 50;        // batches each request must be checked in (besides alone)
+  std::vector<int> num_sms = {0};    // BuilderConfig::num_sms, taken in turn batch after batch
+  std::string describe() const;
+};
+
+struct InvarianceReport {
+  int batches = 0;              // batches run (the runs alone not counted)
+  int min_appearances = 0;      // fewest batches any request was checked in
+  int decode_only_batches = 0;  // batches of decodes only (query_len <= the builder's threshold
+                                // or 1), and the others
+  int mixed_batches = 0;
+  int64_t differing_requests = 0;  // (request, batch) pairs whose rows differ from the run alone
+  std::vector<std::string> differences;  // the first few, described
+  bool invariant() const { return differing_requests == 0; }
+  std::string describe() const;
+};
+
+// Runs `c` on `backend` (forced by name; an MLA backend for c.mla) on `device` with builders of
+// BuilderConfig::batch_invariant = batch_invariant, from `seed`. Throws what the library throws
+// (a case the backend cannot run is the caller's to skip).
+InvarianceReport check_batch_invariance(const AttentionBackend& backend, Device device,
+                                        const InvarianceCase& c, uint64_t seed,
+                                        bool batch_invariant = true);
+
+}  // namespace pagedattn::conformance::invariance
