@@ -42,6 +42,7 @@ struct RunFlags {
   int max_steps = 0;
   bool check = false, no_check = false;
   int check_interval = 4;
+  bool batch_invariant = false, check_invariance = false;
   bool no_peaks = false;
   bool quiet = false;
 };
@@ -62,9 +63,11 @@ Command add_run_command(CLI::App& parent) {
       "a request's blocks and recomputes it. Prints steps, tokens, attention time, tokens/s, KV "
       "bandwidth and FLOP/s as fractions of the peaks `pagedattn calibrate` measured. --check (default "
       "for tiny) re-runs sampled steps on REFERENCE (REFERENCE_MLA for MLA layers), fails beyond the "
-      "DESIGN.md tolerance, and prints both forwards' times on those steps. MLA layers (deepseek-v3) run "
+      "DESIGN.md tolerance, and prints both forwards' times on those steps. --batch-invariant plans every step "
+      "so that a request's output bits do not depend on the batch; --check-invariance re-runs sampled requests "
+      "alone and in shuffled batches and fails on any differing bit. MLA layers (deepseek-v3) run "
       "MLAAttention with one random kv_b_proj weight shared by every layer. A model no backend can run fails with the selector's reasons. Exit codes: 0 "
-      "ok, 1 check failed, 2 bad arguments, 3 no backend can run the model.");
+      "ok, 1 check (or check-invariance) failed, 2 bad arguments, 3 no backend can run the model.");
   app->add_option("--preset", f->preset, "model preset: " + join(preset_names(), ", "))->capture_default_str();
   app->add_option("--layers", f->layers, "number of layers (default: the preset's); the preset's layer pattern repeats")
       ->check(integer_option(1, kMaxLayers));
@@ -147,6 +150,16 @@ Command add_run_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(integer_option(1, kMaxInt))
       ->group(ver);
+  app->add_flag("--batch-invariant", f->batch_invariant,
+                "plan every step in the batch-invariant mode (BuilderConfig::batch_invariant; also "
+                "PAGEDATTN_BATCH_INVARIANT=1): a request's output bits do not depend on the rest of the batch; "
+                "no cascade, fixed split-KV sizes (docs/batch_invariance.md)")
+      ->group(ver);
+  app->add_flag("--check-invariance", f->check_invariance,
+                "on every --check-interval-th step, re-run sampled requests through the first layer of each "
+                "KV-cache group alone and in shuffled sub-batches of the step, and fail (exit 1) on any "
+                "differing output bit; without --batch-invariant this shows what the default plans change")
+      ->group(ver);
   app->add_flag("--no-peaks", f->no_peaks, "do not calibrate / report fractions of the machine's peaks")->group(ver);
   app->add_flag("--quiet", f->quiet, "no progress on stderr")->group(ver);
 
@@ -180,6 +193,8 @@ Command add_run_command(CLI::App& parent) {
     if (f->check) o.check = true;
     if (f->no_check) o.check = false;
     o.check_interval = f->check_interval;
+    o.batch_invariant = f->batch_invariant;
+    o.check_invariance = f->check_invariance;
     o.measure_peaks = !f->no_peaks;
     o.progress = !f->quiet;
 

@@ -101,7 +101,10 @@ void print_run_report(const RunReport& r, std::ostream& os) {
       os << "checked steps: forward " << format_seconds(checked) << ", REFERENCE " << format_seconds(reference)
          << " on the same inputs (" << format_sig(reference / checked, 3) << "x)\n";
     }
-    os << (r.check_passed ? "check passed\n" : "check FAILED: a layer differs from REFERENCE beyond the tolerance\n");
+    const bool reference_passed = std::all_of(r.layers.begin(), r.layers.end(), [](const LayerReport& l) {
+      return l.checked_steps == 0 || l.passed();
+    });
+    os << (reference_passed ? "check passed\n" : "check FAILED: a layer differs from REFERENCE beyond the tolerance\n");
   } else {
     os << "\nlayers: ";
     std::vector<std::string> parts;
@@ -110,6 +113,15 @@ void print_run_report(const RunReport& r, std::ostream& os) {
     bool same = std::all_of(parts.begin(), parts.end(), [&](const std::string& p) { return p == parts.front(); });
     os << (same && !parts.empty() ? parts.front() + " x" + std::to_string(parts.size()) : join(parts, ", "))
        << " (check off; --check re-runs sampled steps on REFERENCE)\n";
+  }
+  os << "batch-invariant plans: " << (r.batch_invariant_plans ? "yes" : "no")
+     << (r.batch_invariant_plans ? "" : " (--batch-invariant or PAGEDATTN_BATCH_INVARIANT=1)") << "\n";
+  if (r.invariance_enabled) {
+    const InvarianceStats& v = r.invariance;
+    os << "check-invariance: " << v.checked_steps << " steps, " << v.comparisons
+       << " (request, sub-batch) pairs re-run alone or in shuffled sub-batches, " << v.differences
+       << " differ in some bit\n";
+    if (v.differences > 0) os << "check-invariance FAILED: " << v.first_difference << "\n";
   }
 }
 
@@ -199,6 +211,13 @@ std::string run_report_json(const RunReport& r) {
   j["layers"] = layers;
   j["check"] = {{"enabled", r.check_enabled}, {"interval", o.check_interval},
                 {"checked_steps", r.checked_steps}, {"passed", r.check_passed}};
+  j["batch_invariant_plans"] = r.batch_invariant_plans;
+  if (r.invariance_enabled) {
+    j["check_invariance"] = {{"steps", r.invariance.checked_steps}, {"reruns", r.invariance.reruns},
+                             {"comparisons", r.invariance.comparisons},
+                             {"differences", r.invariance.differences},
+                             {"first_difference", r.invariance.first_difference}};
+  }
   json steps = json::array();
   for (const StepRecord& st : r.steps) {
     steps.push_back({{"step", st.step}, {"reqs", st.num_reqs}, {"tokens", st.num_tokens},

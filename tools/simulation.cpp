@@ -48,7 +48,8 @@ bool same_builder_config(const BuilderConfig& a, const BuilderConfig& b) {
          a.head_size_v == b.head_size_v && a.max_num_seqs == b.max_num_seqs &&
          a.max_num_batched_tokens == b.max_num_batched_tokens && a.max_model_len == b.max_model_len &&
          a.sliding_window == b.sliding_window && a.use_alibi == b.use_alibi && a.attn_type == b.attn_type &&
-         a.num_sms == b.num_sms && a.mla_dimensions == b.mla_dimensions && a.mla_dtype == b.mla_dtype &&
+         a.num_sms == b.num_sms && a.batch_invariant == b.batch_invariant &&
+         a.mla_dimensions == b.mla_dimensions && a.mla_dtype == b.mla_dtype &&
          a.mla_chunked_prefill_workspace_tokens == b.mla_chunked_prefill_workspace_tokens;
 }
 
@@ -192,6 +193,7 @@ struct Simulation::State {
   std::vector<LayerState> layers;
   std::vector<GroupState> groups, ref_groups;
   std::unique_ptr<Scheduler> scheduler;
+  std::unique_ptr<InvarianceChecker> invariance;  // --check-invariance
   bool check = false;
   int threads = 0;
   int num_sms = 0;
@@ -210,7 +212,7 @@ struct Simulation::State {
 
   int add_group(std::vector<GroupState>& list, const LayerState& layer, bool reference, Device device);
   HostBatch host_batch(const StepSchedule& step) const;
-  StepRecord run_step(const StepSchedule& step, bool check_step, RunReport& report);
+  StepRecord run_step(const StepSchedule& step, bool check_step, bool invariance_step, RunReport& report);
 };
 
 int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState& l, bool reference,
@@ -230,6 +232,7 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState
     spec = layer.kv_cache_spec();
   }
   config.num_sms = device == Device::cuda ? num_sms : threads;
+  config.batch_invariant = options.batch_invariant;
   for (size_t g = 0; g < list.size(); ++g) {
     if (list[g].backend == &backend && list[g].spec == spec && same_builder_config(list[g].config, config)) {
       return static_cast<int>(g);
@@ -388,6 +391,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     }
   }
   s.check = o.check.value_or(s.preset->name == "tiny");
+  if (o.check_invariance) s.invariance = std::make_unique<InvarianceChecker>(o.seed, o.device);
   RunMemory memory;
   memory.num_layers = static_cast<int>(s.layers.size());
   memory.page_bytes = page_bytes;
@@ -496,7 +500,8 @@ HostBatch Simulation::State::host_batch(const StepSchedule& step) const {
   return b;
 }
 
-StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step, RunReport& report) {
+StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step, bool invariance_step,
+                                       RunReport& report) {
   const RunOptions& o = options;
   const int bs = o.block_size;
   const int64_t num_blocks = scheduler->config().num_blocks;
@@ -552,6 +557,7 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
   if (o.device == Device::cuda) synchronize_cuda();
   rec.plan_seconds = seconds_since(t_plan);
   for (const auto& md : metadata) rec.cascade_plans += md->use_cascade ? 1 : 0;
+  report.batch_invariant_plans = !metadata.empty() && metadata.front()->batch_invariant;
   std::vector<std::shared_ptr<const AttentionMetadata>> ref_metadata;
   if (check_step) ref_metadata = plan(ref_groups, true);
 
@@ -567,6 +573,18 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
   }
   TensorView slots_host(hb.slot_mapping.data(), DType::i64, Shape{static_cast<int64_t>(hb.slot_mapping.size())});
 
+  // --check-invariance: the first layer of each group, re-run on sub-batches of the step.
+  auto first_of_group = [&](const LayerState& l) {
+    return groups[static_cast<size_t>(l.group)].layers.front() == static_cast<int>(&l - layers.data());
+  };
+  auto check_invariance = [&](const LayerState& l, const CommonAttentionMetadataArgs& step_args,
+                              std::initializer_list<TensorView> inputs, const TensorView& out,
+                              const InvarianceChecker::Forward& forward) {
+    const GroupState& g = groups[static_cast<size_t>(l.group)];
+    const TensorView in[3] = {inputs.begin()[0], inputs.begin()[1], inputs.begin()[2]};
+    invariance->check_layer(l.name(), l.group, *g.backend, g.spec, g.config, step_args, num_blocks, in, out,
+                            forward);
+  };
   std::uniform_int_distribution<int64_t> offset_dist(0, pool_slack / 64 - 1);
   const size_t esize = dtype_size(o.dtype);
   for (LayerState& l : layers) {
@@ -609,6 +627,13 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
       if (o.device == Device::cuda) synchronize_cuda();
       const double seconds = seconds_since(t0);
       rec.forward_seconds += seconds;
+      if (invariance_step && first_of_group(l)) {
+        check_invariance(l, args, {q, kv_c, k_pe}, out,
+                         [&](const TensorView& a, const TensorView& b, const TensorView& c,
+                             const AttentionMetadata& md, const TensorView& o_) {
+                           l.mla->forward(a, b, c, l.cache.view(), md, o_);
+                         });
+      }
       if (!check) continue;
       TensorView qh = at(pool_host, q_off, {num_tokens, hq, qk}), kv_ch = at(pool_host, k_off, {num_tokens, lora});
       TensorView k_peh = at(pool_host, v_off, {num_tokens, rope});
@@ -631,6 +656,13 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
     if (o.device == Device::cuda) synchronize_cuda();
     const double seconds = seconds_since(t0);
     rec.forward_seconds += seconds;
+    if (invariance_step && first_of_group(l)) {
+      check_invariance(l, args, {q, k, v}, out,
+                       [&](const TensorView& a, const TensorView& b, const TensorView& c,
+                           const AttentionMetadata& md, const TensorView& o_) {
+                         l.layer->forward(a, b, c, l.cache.view(), md, o_);
+                       });
+    }
 
     if (!check) continue;
     TensorView qh = view(pool_host, q_off, hq, d), kh = view(pool_host, k_off, hkv, d), vh = view(pool_host, v_off, hkv, dv);
@@ -672,6 +704,7 @@ RunReport Simulation::run(std::ostream* progress) {
   report.num_requests = static_cast<int>(s.scheduler->requests().size());
   report.requested_tokens = s.scheduler->requested_tokens();
   report.check_enabled = s.check;
+  report.invariance_enabled = s.invariance != nullptr;
   for (const GroupState& g : s.groups) {
     report.groups.push_back(GroupReport{std::string(g.backend->name()), spec_summary(g.spec),
                                         static_cast<int>(g.layers.size()),
@@ -692,8 +725,10 @@ RunReport Simulation::run(std::ostream* progress) {
   int step_index = 0;
   while (!s.scheduler->done() && (o.max_steps == 0 || step_index < o.max_steps)) {
     StepSchedule step = s.scheduler->schedule();
-    bool check_step = s.check && step_index % o.check_interval == 0;
-    StepRecord rec = s.run_step(step, check_step, report);
+    const bool check_step = s.check && step_index % o.check_interval == 0;
+    const bool invariance_step = s.invariance && step_index % o.check_interval == 0;
+    StepRecord rec = s.run_step(step, check_step, invariance_step, report);
+    if (invariance_step) s.invariance->finish_step();
     s.scheduler->complete_step(step);
     report.plan_seconds += rec.plan_seconds;
     report.forward_seconds += rec.forward_seconds;
@@ -725,6 +760,10 @@ RunReport Simulation::run(std::ostream* progress) {
     lr.reference_seconds = l.reference_seconds;
     if (s.check && l.checked_steps > 0 && !lr.passed()) report.check_passed = false;
     report.layers.push_back(lr);
+  }
+  if (s.invariance) {
+    report.invariance = s.invariance->stats();
+    if (report.invariance.differences > 0) report.check_passed = false;
   }
   return report;
 }

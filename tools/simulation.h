@@ -10,6 +10,9 @@
 //     -> every layer: ForwardContext::forward with random q/k/v of the layer's shape (views at
 //        random offsets into a pool of N(0, 1) values, fresh per layer and step)
 //
+// --check-invariance re-runs sampled requests of every check_interval-th step through the first
+// layer of each group, alone and in shuffled sub-batches (invariance_check.h).
+//
 // --check keeps a second set of layers forced to REFERENCE (on the CPU) with caches of their
 // own, written with the same k/v every step (reshape_and_cache; the layer writes them itself on
 // checked steps), and on every check_interval-th step runs them and compares the outputs:
@@ -29,6 +32,7 @@
 
 #include "calibrate.h"
 #include "cli_common.h"
+#include "invariance_check.h"
 #include "pagedattn/device.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/tensor.h"
@@ -60,6 +64,9 @@ struct RunOptions {
   int max_steps = 0;                  // 0 = until every request finished
   std::optional<bool> check;          // unset = on for the tiny preset only
   int check_interval = 4;             // check every n-th step (the first included)
+  bool batch_invariant = false;       // BuilderConfig::batch_invariant of every group
+  bool check_invariance = false;      // re-run sampled requests alone / in shuffled sub-batches
+                                      // on every check_interval-th step (invariance_check.h)
   bool measure_peaks = true;          // calibrate (cached) for the fractions of peak
   bool progress = true;
 };
@@ -123,7 +130,10 @@ struct RunReport {
   std::string peaks_unavailable;      // why not, when peaks is empty
   bool check_enabled = false;
   int checked_steps = 0;
-  bool check_passed = true;
+  bool check_passed = true;           // --check and --check-invariance
+  bool batch_invariant_plans = false;  // the plans were built in the batch-invariant mode
+  bool invariance_enabled = false;    // --check-invariance
+  InvarianceStats invariance;
   std::vector<StepRecord> steps;
 
   double attention_seconds() const { return plan_seconds + forward_seconds; }
