@@ -14,6 +14,7 @@
 #include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/common/device_runtime.h"
 #include "backends/cuda/common/kernel_override.h"
+#include "pagedattn/batch_invariance.h"
 #include "pagedattn/device.h"
 #include "pagedattn/error.h"
 #include "pagedattn/metadata.h"
@@ -45,6 +46,7 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   if (config_.head_size_v == 0) config_.head_size_v = config_.head_size;
   if (config_.num_kv_heads == 0) config_.num_kv_heads = spec_.num_kv_heads;
   if (config_.num_heads == 0) config_.num_heads = config_.num_kv_heads;
+  config_.batch_invariant = batch_invariant_mode(config_);
   const int kernel_head_size = std::max(config_.head_size, config_.head_size_v);
   PAGEDATTN_CHECK(attention_head_size_supported(kernel_head_size), "head_size",
                   "CUDA builder: head_size = ", config_.head_size, ", head_size_v = ", config_.head_size_v,
@@ -97,9 +99,16 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
                                          ? int64_t{32} * resident_ctas_
                                          : 0;
   planner_.force_decode_kernel = choice.decode == DecodeKernelChoice::decode;
+  // Batch-invariant plans: one kernel (kernel_) for every plan, never the decode-only one, and
+  // splits of a fixed size (planner.h, kBatchInvariantSplitKeys); no cascade.
+  if (config_.batch_invariant) {
+    planner_.decode_resident_ctas = 0;
+    planner_.fixed_split_tiles = kBatchInvariantSplitKeys / kKeysPerTile;
+  }
   // Cascade needs room for two states per query row (prefix + suffix), one combine item per
   // request item and the prefix items.
-  cascade_possible_ = config_.attn_type == AttentionType::decoder && !config_.sliding_window && !config_.use_alibi;
+  cascade_possible_ = config_.attn_type == AttentionType::decoder && !config_.sliding_window &&
+                      !config_.use_alibi && !config_.batch_invariant;
   const int64_t max_unsplit = max_unsplit_work_items(planner_, config_.max_num_seqs, config_.max_num_batched_tokens);
   cascade_max_tokens_ = std::min(config_.max_num_batched_tokens, kCascadeMaxTokens);
   const int64_t cascade_rows =
@@ -110,11 +119,15 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   const int64_t max_resident = std::max(resident_ctas_, decode_resident_ctas_);
   const int64_t decode_split_rows =
       decode_resident_ctas_ > 0 ? 4 * static_cast<int64_t>(config_.max_num_seqs) * config_.num_heads : 0;
-  const int64_t partial_rows = std::max(2 * max_resident * 64, decode_split_rows) + cascade_rows;
+  // Batch-invariant plans: what the fixed splits need at most (fixed_split_capacity).
+  const FixedSplitCapacity fixed = fixed_split_capacity(planner_, config_.max_num_seqs,
+                                                        config_.max_num_batched_tokens, config_.max_model_len);
+  const int64_t partial_rows =
+      std::max({2 * max_resident * 64, decode_split_rows, fixed.partial_rows}) + cascade_rows;
   const int64_t max_items =
-      4 * max_unsplit + 3 * max_resident +
+      std::max(4 * max_unsplit + 3 * max_resident, fixed.work_items) +
       (cascade_possible_ ? max_prefix_work_items(planner_, cascade_max_tokens_) : 0);
-  const int64_t max_combine = max_resident + max_unsplit;
+  const int64_t max_combine = std::max(max_resident + max_unsplit, fixed.combine_items);
   PAGEDATTN_CHECK(partial_rows <= INT32_MAX && max_items <= INT32_MAX, "config",
                   "CUDA builder: max_num_seqs = ", config_.max_num_seqs, ", max_num_batched_tokens = ",
                   config_.max_num_batched_tokens, " with num_heads = ", config_.num_heads,
@@ -180,7 +193,8 @@ std::shared_ptr<const AttentionMetadata> CudaMetadataBuilder::build(int common_p
                                                                     bool fast_build) {
   PAGEDATTN_CHECK(common_prefix_len >= 0, "common_prefix_len", "CUDA builder: common_prefix_len = ",
                   common_prefix_len, " must be >= 0");
-  // fast_build: no cascade decision (the prefix is ignored) and no split-KV search.
+  // fast_build: no cascade decision (the prefix is ignored) and no split-KV search (batch-invariant
+  // builders: the same fixed splits as build()).
   return build_plan(common, false, fast_build ? 0 : common_prefix_len, !fast_build);
 }
 
@@ -299,6 +313,7 @@ std::shared_ptr<CudaAttentionMetadata> CudaMetadataBuilder::build_plan(const Com
   md->num_reqs = common.num_reqs;
   md->use_cascade = plan.cascade_prefix > 0;
   md->common_prefix_len = plan.cascade_prefix;
+  md->batch_invariant = config_.batch_invariant;
   md->slot_mapping = TensorView(slots, DType::i64, Shape{num_slots}, Device::cuda, workspace_.view().device_index());
   // Block ids and slots, checked on the host (the mirrors, or one synchronous copy): forward and
   // do_kv_cache_update compare them with the cache they get before the first write.

@@ -13,6 +13,9 @@
 // (tiles of packed global rows, one set per kv head), the requests' items over [P, seq_len);
 // all write partials (the prefix ones at (split, kv head, global row)) and every request item
 // group gets a combine item that also merges its rows' prefix states.
+// Batch-invariant plans (fixed_split_tiles > 0): no search; every decode-path item in chunks of
+// fixed_split_tiles tiles from its first tile, prefill-path items whole, never the decode-only
+// kernel (one kernel for every plan of the builder), no cascade.
 // Order: costliest first, dealt to the persistent CTAs boustrophedon (band b of resident_ctas
 // items is reversed when b is odd) so the big items are spread over the CTAs.
 #include "backends/cuda/attention/planner.h"
@@ -70,6 +73,22 @@ int64_t max_prefix_work_items(const PlannerConfig& config, int64_t max_num_batch
   return config.num_kv_heads * (1 + (rows + config.prefill_rows - 1) / config.prefill_rows);
 }
 
+FixedSplitCapacity fixed_split_capacity(const PlannerConfig& config, int64_t max_num_seqs,
+                                        int64_t max_num_batched_tokens, int64_t max_model_len) {
+  FixedSplitCapacity cap;
+  if (config.fixed_split_tiles <= 0) return cap;
+  const int64_t tiles = (max_model_len + kKeysPerTile - 1) / kKeysPerTile + 1;  // + a misaligned start
+  const int64_t splits = (tiles + config.fixed_split_tiles - 1) / config.fixed_split_tiles;
+  // Decode-path items: one per (request, kv head), their rows <= 16 and <= the batch's rows.
+  const int64_t items = config.num_kv_heads * std::min(max_num_seqs, max_num_batched_tokens);
+  const int64_t rows = config.num_kv_heads * std::min(max_num_seqs * kDecodeRows,
+                                                      max_num_batched_tokens * config.group_size);
+  cap.partial_rows = splits > 1 ? splits * rows : 0;
+  cap.work_items = max_unsplit_work_items(config, max_num_seqs, max_num_batched_tokens) + items * (splits - 1);
+  cap.combine_items = splits > 1 ? items : 0;
+  return cap;
+}
+
 namespace {
 
 // Split s of n of an item's key range: tile-aligned boundaries; split 0 keeps the sink.
@@ -84,6 +103,17 @@ WorkItem split_part(const WorkItem& it, int s, int n) {
     part.kv_end = std::min(it.kv_end, t_end * kKeysPerTile);
   }
   part.flags = (it.flags & kItemDecodePath) | (s == 0 ? (it.flags & kItemOwnsSink) : 0);
+  return part;
+}
+
+// Part s of an item cut in chunks of `chunk` tiles counted from its first tile (the last one
+// shorter): fixed sizes, a function of the item alone.
+WorkItem fixed_split_part(const WorkItem& it, int s, int chunk) {
+  const int first_tile = it.kv_start / kKeysPerTile;
+  WorkItem part = split_part(it, 0, 1);
+  part.kv_start = std::max(it.kv_start, (first_tile + s * chunk) * kKeysPerTile);
+  part.kv_end = std::min(it.kv_end, (first_tile + (s + 1) * chunk) * kKeysPerTile);
+  if (s > 0) part.flags &= ~kItemOwnsSink;
   return part;
 }
 
@@ -154,6 +184,9 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
   const int num_reqs = static_cast<int>(seq_lens.size());
   const int G = config.group_size;
   const bool cascade = cascade_prefix > 0 && num_reqs > 0;
+  const bool fixed = config.fixed_split_tiles > 0;
+  PAGEDATTN_CHECK(!fixed || !cascade, "cascade_prefix", "CUDA planner: cascade_prefix = ", cascade_prefix,
+                  " in a batch-invariant plan: the batch-invariant mode has no cascade");
   plan.cascade_prefix = cascade ? cascade_prefix : 0;
 
   // 1. Unsplit items: each request's rows in tiles (under cascade its keys from P on), then
@@ -217,7 +250,7 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
   std::vector<int> splits(base.size(), 1);
   const int64_t num_base = static_cast<int64_t>(base.size());
   int64_t ideal = 0;  // chunk size in tiles; 0: no split
-  plan.decode_kernel = !has_prefix && config.decode_resident_ctas > 0 && !base.empty() &&
+  plan.decode_kernel = !fixed && !has_prefix && config.decode_resident_ctas > 0 && !base.empty() &&
                        std::all_of(base.begin(), base.end(),
                                    [](const WorkItem& it) { return (it.flags & kItemDecodePath) != 0; });
   if (plan.decode_kernel && config.decode_kernel_max_tiles > 0 && !config.force_decode_kernel) {
@@ -235,7 +268,14 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
     }
   }
   const int resident = plan.decode_kernel ? config.decode_resident_ctas : config.resident_ctas;
-  if (!plan.decode_kernel && config.allow_split && num_base > 0 && num_base < resident) {
+  if (fixed) {
+    for (size_t i = 0; i < base.size(); ++i) {
+      const int tiles = tiles_of(KeyRange{base[i].kv_start, base[i].kv_end});
+      if (base[i].flags & kItemDecodePath) {
+        splits[i] = std::max(1, (tiles + config.fixed_split_tiles - 1) / config.fixed_split_tiles);
+      }
+    }
+  } else if (!plan.decode_kernel && config.allow_split && num_base > 0 && num_base < resident) {
     int64_t total_tiles = 0;
     for (const WorkItem& it : base) total_tiles += tiles_of(KeyRange{it.kv_start, it.kv_end});
     ideal = std::max<int64_t>(kMinTilesPerSplit, (total_tiles + resident - 1) / resident);
@@ -305,7 +345,7 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
     }
     plan.combine.push_back(c);
     for (int s = 0; s < n; ++s) {
-      WorkItem part = split_part(it, s, n);
+      WorkItem part = fixed ? fixed_split_part(it, s, config.fixed_split_tiles) : split_part(it, s, n);
       part.partial_row = plan.partial_rows + s * it.num_rows;
       plan.items.push_back(part);
     }

@@ -17,6 +17,13 @@ namespace pagedattn::cuda {
 // attends the shared prefix in one pass (cuda_backend_internal.h).
 inline constexpr int kCascadeMaxTokens = 2048;
 
+// Batch-invariant plans (BuilderConfig::batch_invariant): a decode-path item's keys are cut in
+// chunks of this many keys (32 tiles) counted from its first tile, whatever the batch and the SM
+// count; prefill-path items are never split. (SGLang's deterministic FlashInfer mode cuts decodes
+// at 2048 too.) Long enough that the extra items, partial rows and combine cost a few percent at
+// large batches; small batches lose the fill-the-device splits (docs/batch_invariance.md).
+inline constexpr int kBatchInvariantSplitKeys = 2048;
+
 struct PlannerConfig {
   int group_size = 1;            // num_heads / num_kv_heads
   int num_kv_heads = 1;
@@ -33,6 +40,10 @@ struct PlannerConfig {
   int max_combine_items = 0;
   int max_splits = 256;
   bool allow_split = true;
+  // > 0: a batch-invariant plan (see kBatchInvariantSplitKeys): decode-path items split in chunks
+  // of this many tiles, prefill-path items never, no decode-only kernel, no search; allow_split
+  // and the resident CTAs change nothing. Needs cascade_prefix = 0.
+  int fixed_split_tiles = 0;
 };
 
 struct AttentionPlan {
@@ -53,6 +64,9 @@ struct KeyRange {
 };
 KeyRange visible_key_range(const PlannerConfig& config, int query_len, int seq_len, int t0, int t1);
 
+// Batch-invariant plans (config.fixed_split_tiles > 0): each item and its splits are a function of
+// its request alone (see PlannerConfig::fixed_split_tiles); only the order of the items follows
+// the batch, which decides where an item runs, not what it computes.
 // Decode-only plans (config.decode_resident_ctas > 0, every item a decode-path item, no cascade):
 // the items are split so that the persistent CTAs finish together (wave balance), not only when
 // they are fewer than the CTAs; see make_attention_plan.
@@ -72,5 +86,16 @@ int64_t max_unsplit_work_items(const PlannerConfig& config, int64_t max_num_seqs
 
 // Upper bound of the (unsplit) prefix items of a cascade batch of max_num_batched_tokens tokens.
 int64_t max_prefix_work_items(const PlannerConfig& config, int64_t max_num_batched_tokens);
+
+// What batch-invariant plans (config.fixed_split_tiles > 0) need at most for batches within the
+// builder's limits: every decode-path item (<= 16 rows, one per request and kv head) cut in
+// ceil(max_model_len / split) parts.
+struct FixedSplitCapacity {
+  int64_t partial_rows = 0;
+  int64_t work_items = 0;
+  int64_t combine_items = 0;
+};
+FixedSplitCapacity fixed_split_capacity(const PlannerConfig& config, int64_t max_num_seqs,
+                                        int64_t max_num_batched_tokens, int64_t max_model_len);
 
 }  // namespace pagedattn::cuda
