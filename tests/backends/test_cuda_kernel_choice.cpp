@@ -62,28 +62,33 @@ TEST(CudaKernelOverride, ProgrammaticOverrideWins) {
   }
 }
 
-// Which kernel runs the plans that are not decode-only: ws (16-bit, D = 64 / 128 / 256, equal head
-// sizes, sm_90a image, strides that fit), else the wgmma path (D = 64 / 128 / 256), else mma.sync.
+// Which kernel runs the plans that are not decode-only: ws (16-bit, D = 64 / 128 / 256, or e4m3
+// at D = 128; equal head sizes, sm_90a image, strides that fit), else the wgmma path (16-bit, D =
+// 64 / 128 / 256), else mma.sync.
 TEST(CudaAttentionKernelSelection, ChoosesOncePerLayer) {
-  const auto select = [](PrefillKernelChoice c, int d, int dv, bool fp8, bool image = true, bool fits = true) {
+  const auto select = [](PrefillKernelChoice c, int d, int dv, int fp8, bool image = true, bool fits = true) {
     return cuda::select_attention_kernel(c, d, dv, fp8, image, fits);
   };
   constexpr auto kAuto = PrefillKernelChoice::automatic;
-  EXPECT_EQ(select(kAuto, 128, 128, false), AttentionKernel::ws);
-  EXPECT_EQ(select(kAuto, 64, 64, false), AttentionKernel::ws);
-  EXPECT_EQ(select(kAuto, 256, 256, false), AttentionKernel::ws);
-  EXPECT_EQ(select(kAuto, 256, 256, false, true, false), AttentionKernel::wgmma);  // strides over 32 bits
-  for (int d : {80, 96, 192}) EXPECT_EQ(select(kAuto, d, d, false), AttentionKernel::mma) << d;
-  EXPECT_EQ(select(kAuto, 128, 128, true), AttentionKernel::mma);           // fp8 cache
-  EXPECT_EQ(select(kAuto, 128, 64, false), AttentionKernel::mma);           // head_size_v != head_size
-  EXPECT_EQ(select(kAuto, 128, 128, false, false), AttentionKernel::mma);   // no sm_90a image
-  EXPECT_EQ(select(kAuto, 128, 128, false, true, false), AttentionKernel::wgmma);  // strides over 32 bits
-  EXPECT_EQ(select(PrefillKernelChoice::ws, 128, 128, false), AttentionKernel::ws);
-  EXPECT_EQ(select(PrefillKernelChoice::ws, 256, 256, false), AttentionKernel::ws);
-  EXPECT_EQ(select(PrefillKernelChoice::wgmma, 256, 256, false), AttentionKernel::wgmma);
-  EXPECT_EQ(select(PrefillKernelChoice::wgmma, 128, 128, false), AttentionKernel::wgmma);
-  EXPECT_EQ(select(PrefillKernelChoice::wgmma, 96, 96, false), AttentionKernel::mma);
-  EXPECT_EQ(select(PrefillKernelChoice::mma, 128, 128, false), AttentionKernel::mma);
+  EXPECT_EQ(select(kAuto, 128, 128, 0), AttentionKernel::ws);
+  EXPECT_EQ(select(kAuto, 64, 64, 0), AttentionKernel::ws);
+  EXPECT_EQ(select(kAuto, 256, 256, 0), AttentionKernel::ws);
+  EXPECT_EQ(select(kAuto, 256, 256, 0, true, false), AttentionKernel::wgmma);  // strides over 32 bits
+  for (int d : {80, 96, 192}) EXPECT_EQ(select(kAuto, d, d, 0), AttentionKernel::mma) << d;
+  EXPECT_EQ(select(kAuto, 128, 128, 1), AttentionKernel::ws);             // fp8 e4m3 cache
+  EXPECT_EQ(select(kAuto, 128, 128, 2), AttentionKernel::mma);            // fp8 e5m2 cache
+  for (int d : {64, 256}) EXPECT_EQ(select(kAuto, d, d, 1), AttentionKernel::mma) << d;
+  EXPECT_EQ(select(PrefillKernelChoice::wgmma, 128, 128, 1), AttentionKernel::mma);
+  EXPECT_EQ(select(kAuto, 128, 128, 1, false), AttentionKernel::mma);  // no sm_90a image
+  EXPECT_EQ(select(kAuto, 128, 64, 0), AttentionKernel::mma);           // head_size_v != head_size
+  EXPECT_EQ(select(kAuto, 128, 128, 0, false), AttentionKernel::mma);   // no sm_90a image
+  EXPECT_EQ(select(kAuto, 128, 128, 0, true, false), AttentionKernel::wgmma);  // strides over 32 bits
+  EXPECT_EQ(select(PrefillKernelChoice::ws, 128, 128, 0), AttentionKernel::ws);
+  EXPECT_EQ(select(PrefillKernelChoice::ws, 256, 256, 0), AttentionKernel::ws);
+  EXPECT_EQ(select(PrefillKernelChoice::wgmma, 256, 256, 0), AttentionKernel::wgmma);
+  EXPECT_EQ(select(PrefillKernelChoice::wgmma, 128, 128, 0), AttentionKernel::wgmma);
+  EXPECT_EQ(select(PrefillKernelChoice::wgmma, 96, 96, 0), AttentionKernel::mma);
+  EXPECT_EQ(select(PrefillKernelChoice::mma, 128, 128, 0), AttentionKernel::mma);
   EXPECT_STREQ(cuda::attention_kernel_name(AttentionKernel::decode), "decode");
   // 32-bit byte strides: a 16-token page of 8 heads x 128 is 32 KB; 2^31 elements is not.
   EXPECT_TRUE(cuda::ws_strides_fit(16 * 8 * 128, 8 * 128, 16 * 8 * 128, 8 * 128, 16));

@@ -112,7 +112,17 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
       }
     }
   }
-  // An fp8 cache: the wgmma choice keeps the mma.sync path there.
+  // fp8 e4m3 caches: every head-size-128 case again (the warp-specialized kernel's 8-bit path under
+  // auto and prefill=ws; mma.sync under the other overrides), per-head scales on every other one;
+  // and one case at the first head size (mma.sync under every override but auto / ws at 128).
+  const size_t grid = cases.size();
+  for (size_t i = 0; i < grid; ++i) {
+    if (cases[i].head_size != 128 || cases[i].head_size_v != 0) continue;
+    ConformanceCase fp8 = cases[i];
+    fp8.kv_cache_dtype = "fp8_e4m3";
+    fp8.per_head_kv_scales = i % 2 == 1;
+    cases.push_back(fp8);
+  }
   ConformanceCase fp8 = cases[0];
   fp8.kv_cache_dtype = "fp8_e4m3";
   fp8.head_size = head_sizes[0];
@@ -130,7 +140,7 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
 int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_t step, int* decode_plans) {
   const AttentionBackend& backend = cuda_backend();
   int run = 0;
-  double max_fp8_error = -1;
+  double max_fp8_error = -1, max_e4m3_mma_error = -1;
   *decode_plans = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     EXPECT_TRUE(conformance::unsupported_reasons(backend, Device::cuda, cases[i]).empty()) << cases[i].describe();
@@ -148,7 +158,10 @@ int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_
           conformance::compare(inputs, conformance::collect(prepared),
                                conformance::run_backend(conformance::reference(), Device::cpu, inputs));
       EXPECT_TRUE(result.passed()) << result.describe();
-      if (cases[i].fp8_kv()) {
+      if (cases[i].fp8_kv() && md->kernel == AttentionKernel::ws) {
+        // The 8-bit wgmma path also rounds Q (per row) and P to e4m3: the fp8 tolerance.
+        max_e4m3_mma_error = std::max(max_e4m3_mma_error, result.output_rel_error);
+      } else if (cases[i].fp8_kv()) {
         // The stored fp8 values are exact in f16 and bf16 and the REFERENCE reads the same ones,
         // so only the activation type's rounding (P, the output) remains: hold fp8 cases to the
         // 16-bit cache's tolerance, not the fp8 one (which also covers the quantization).
@@ -164,6 +177,10 @@ int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_
     }
   }
   if (max_fp8_error >= 0) std::cout << "[ variants ] largest output rel error of an fp8 case: " << max_fp8_error << "\n";
+  if (max_e4m3_mma_error >= 0) {
+    std::cout << "[ variants ] largest output rel error of an fp8 case on the 8-bit wgmma path: " << max_e4m3_mma_error
+              << "\n";
+  }
   return run;
 }
 
@@ -197,8 +214,8 @@ TEST(CudaKernelVariants, WgmmaImageLoadsOnHopper) {
 }
 
 // The kernel a builder stores in its (prefill) plans, chosen once from the layer, the cache, the
-// device and the override: under auto 16-bit head sizes 64, 128 and 256 take the warp-specialized kernel
-// (1 CTA of 384 threads per SM), fp8 caches and head_size_v != head_size
+// device and the override: under auto 16-bit head sizes 64, 128 and 256 and e4m3 at 128 take the
+// warp-specialized kernel (1 CTA of 384 threads per SM), other fp8 caches and head_size_v != head_size
 // mma.sync (2 CTAs per SM at head sizes <= 128); under prefill=wgmma no plan takes ws; under
 // prefill=mma every plan runs mma.sync.
 TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
@@ -221,7 +238,9 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
     EXPECT_EQ(plan_kernel(64, DType::f16, "auto"), AttentionKernel::ws);
     EXPECT_EQ(plan_kernel(256, DType::bf16, "auto"), AttentionKernel::ws);
     EXPECT_EQ(plan_kernel(96, DType::bf16, "auto"), AttentionKernel::mma);
-    EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e4m3"), AttentionKernel::mma);
+    EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e4m3"), AttentionKernel::ws);
+    EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e5m2"), AttentionKernel::mma);
+    EXPECT_EQ(plan_kernel(256, DType::f16, "fp8_e4m3"), AttentionKernel::mma);
     EXPECT_EQ(plan_kernel(128, DType::bf16, "auto", 64), AttentionKernel::mma);
   }
   {
@@ -237,9 +256,11 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
   EXPECT_EQ(cuda::attention_kernel_info(256, DType::bf16, false, AttentionKernel::ws).ctas_per_sm, 1);
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::wgmma).ctas_per_sm, 2);
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true, AttentionKernel::mma).ctas_per_sm, 2);
+  EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true, AttentionKernel::ws).ctas_per_sm, 1);
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::decode).ctas_per_sm, 3);
   // A kernel without an instance for the head size / cache is an Error, not another kernel.
   EXPECT_THROW(cuda::attention_kernel_info(96, DType::bf16, false, AttentionKernel::ws), Error);
+  EXPECT_THROW(cuda::attention_kernel_info(64, DType::bf16, true, AttentionKernel::ws), Error);
   EXPECT_THROW(cuda::attention_kernel_info(128, DType::bf16, true, AttentionKernel::wgmma), Error);
   EXPECT_THROW(cuda::attention_kernel_info(256, DType::bf16, false, AttentionKernel::decode), Error);
 }
@@ -329,7 +350,7 @@ void run_decode_cases(const char* override_spec, uint64_t seed0) {
 }
 
 // Decode items on the warp-specialized kernel (unified: no decode-only plans; head sizes 80 / 96,
-// fp8 caches and head_size_v != head_size keep the paged attention kernel).
+// fp8 caches other than e4m3 at 128 and head_size_v != head_size keep the paged attention kernel).
 TEST(CudaKernelVariants, WarpSpecializedDecodeMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
   run_decode_cases("prefill=ws,decode=unified", 0x5EDC);
@@ -371,7 +392,7 @@ TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
   // Head size 128 on sm_90a runs the warp-specialized kernel, which keeps the larger decode batches
   // (over 32 64-key tiles per SM): 128 requests of 1300 keys over 2 kv heads, 5376 tiles (up to
   // 168 SMs).
-  const bool ws128 = cuda::select_attention_kernel(cuda::PrefillKernelChoice::automatic, 128, 128, false,
+  const bool ws128 = cuda::select_attention_kernel(cuda::PrefillKernelChoice::automatic, 128, 128, 0,
                                                    cuda::wgmma_kernels_available(), true) == AttentionKernel::ws;
   const std::vector<conformance::RequestShape> large(128, conformance::RequestShape{1299, 1});
   EXPECT_EQ(plan_uses_decode_kernel(128, large), !ws128);

@@ -51,11 +51,11 @@ void configure_decode_kernel() {
 }
 
 // The warp-specialized kernel (paged_attention_ws.cuh): shared-memory limit raised once per device.
-template <int D, typename T>
+template <int D, typename T, bool kFp8>
 void configure_ws_kernel() {
   static std::atomic<uint64_t> configured_devices{0};
-  raise_smem_limit_once(configured_devices, reinterpret_cast<const void*>(paged_attention_ws_kernel<D, T>),
-                        WsTraits<D>::kSmemBytes, "cudaFuncSetAttribute(paged_attention_ws_kernel)");
+  raise_smem_limit_once(configured_devices, reinterpret_cast<const void*>(paged_attention_ws_kernel<D, T, kFp8>),
+                        WsTraits<D, kFp8>::kSmemBytes, "cudaFuncSetAttribute(paged_attention_ws_kernel)");
 }
 
 // A plan names a kernel this build has no instance of for the layer (its builder was made for
@@ -96,12 +96,13 @@ AttentionKernelInfo attention_kernel_info_for(AttentionKernel kernel) {
       }
       break;
     case AttentionKernel::ws:
-      if constexpr (WsTraits<D>::kSupported && !kFp8) {
-        configure_ws_kernel<D, T>();
-        info.smem_bytes = WsTraits<D>::kSmemBytes;
-        info.rows_prefill = WsTraits<D>::kRows;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_ws_kernel<D, T>,
-                                                      WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes);
+      if constexpr (WsTraits<D, kFp8>::kSupported) {
+        using W = WsTraits<D, kFp8>;
+        configure_ws_kernel<D, T, kFp8>();
+        info.smem_bytes = W::kSmemBytes;
+        info.rows_prefill = W::kRows;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_ws_kernel<D, T, kFp8>,
+                                                      W::kThreads, W::kSmemBytes);
         check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_ws_kernel)");
         return info;
       }
@@ -146,9 +147,12 @@ void launch_for(const AttentionKernelParams& params, AttentionKernel kernel, int
       }
       break;
     case AttentionKernel::ws:
-      if constexpr (WsTraits<D>::kSupported && !kFp8) {
-        configure_ws_kernel<D, T>();
-        paged_attention_ws_kernel<D, T><<<grid, WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes, stream>>>(params);
+      // (fp8: the e4m3 instance; the builder never plans it for an e5m2 cache.)
+      if constexpr (WsTraits<D, kFp8>::kSupported) {
+        if (kFp8 && params.fp8_format != 1) break;
+        using W = WsTraits<D, kFp8>;
+        configure_ws_kernel<D, T, kFp8>();
+        paged_attention_ws_kernel<D, T, kFp8><<<grid, W::kThreads, W::kSmemBytes, stream>>>(params);
         check_launch("paged_attention_ws_kernel");
         return;
       }

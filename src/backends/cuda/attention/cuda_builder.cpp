@@ -71,7 +71,8 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   const bool ws_strides_ok =
       !cached || ws_strides_fit(spec_.block_size * row_elems, row_elems, spec_.block_size * row_elems, row_elems,
                                 spec_.block_size);
-  kernel_ = select_attention_kernel(choice.prefill, config_.head_size, config_.head_size_v, fp8_kv,
+  const int fp8_format = !fp8_kv ? 0 : spec_.dtype == DType::fp8_e4m3 ? 1 : 2;
+  kernel_ = select_attention_kernel(choice.prefill, config_.head_size, config_.head_size_v, fp8_format,
                                     wgmma_kernels_available(), ws_strides_ok);
   // Occupancy is the same for f16 and bf16 activations.
   const AttentionKernelInfo info = attention_kernel_info(kernel_head_size, DType::bf16, fp8_kv, kernel_);
@@ -95,7 +96,10 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   // kernel streams larger ones faster, smaller ones slower (docs/perf/cuda.md, warp-specialized
   // kernel).
   planner_.decode_resident_ctas = choice.decode != DecodeKernelChoice::unified ? decode_resident_ctas_ : 0;
-  planner_.decode_kernel_max_tiles = kernel_ == AttentionKernel::ws && choice.decode == DecodeKernelChoice::automatic
+  // (With an fp8 cache the decode-only kernel takes every decode batch: the fp8 warp-specialized
+  // kernel transposes V in its producer, which the decode stream was not measured with.)
+  planner_.decode_kernel_max_tiles = kernel_ == AttentionKernel::ws && !fp8_kv &&
+                                             choice.decode == DecodeKernelChoice::automatic
                                          ? int64_t{32} * resident_ctas_
                                          : 0;
   planner_.force_decode_kernel = choice.decode == DecodeKernelChoice::decode;

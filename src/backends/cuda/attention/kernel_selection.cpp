@@ -14,15 +14,19 @@ const char* attention_kernel_name(AttentionKernel kernel) {
   return "unknown";
 }
 
-AttentionKernel select_attention_kernel(PrefillKernelChoice choice, int head_size, int head_size_v, bool fp8_kv,
+AttentionKernel select_attention_kernel(PrefillKernelChoice choice, int head_size, int head_size_v, int fp8_format,
                                         bool wgmma_image, bool ws_strides_ok) {
-  // The wgmma paths have no fp8 conversion and no narrow-row copies.
-  const bool hopper_paths = !fp8_kv && head_size == head_size_v && wgmma_image;
-  if (hopper_paths && ws_kernel_head_size(head_size) && ws_strides_ok &&
+  // The wgmma paths have no narrow-row copies; of fp8 caches only e4m3 has an 8-bit wgmma path
+  // (the warp-specialized kernel's, at D = 128).
+  const bool hopper_paths = head_size == head_size_v && wgmma_image;
+  const bool ws_head_size = fp8_format == 0   ? ws_kernel_head_size(head_size)
+                            : fp8_format == 1 ? ws_e4m3_head_size(head_size)
+                                              : false;
+  if (hopper_paths && ws_head_size && ws_strides_ok &&
       (choice == PrefillKernelChoice::automatic || choice == PrefillKernelChoice::ws)) {
     return AttentionKernel::ws;
   }
-  if (hopper_paths && wgmma_prefill_head_size(head_size) && choice != PrefillKernelChoice::mma) {
+  if (hopper_paths && fp8_format == 0 && wgmma_prefill_head_size(head_size) && choice != PrefillKernelChoice::mma) {
     return AttentionKernel::wgmma;
   }
   return AttentionKernel::mma;

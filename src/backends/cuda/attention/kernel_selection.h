@@ -9,8 +9,9 @@
 //           (paged_prefill_wgmma.cuh): 16-bit caches, head_size == head_size_v = 64, 128 or 256,
 //           sm_90a;
 //   ws      the warp-specialized kernel (paged_attention_ws.cuh: a producer warpgroup and two wgmma
-//           consumer warpgroups, one code path for every item): 16-bit caches, head_size ==
-//           head_size_v = 64, 128 or 256, sm_90a, K/V strides under 4 GiB;
+//           consumer warpgroups, one code path for every item): head_size == head_size_v = 64, 128
+//           or 256 with a 16-bit cache, 128 with an fp8 e4m3 cache (8-bit wgmma, ws_e4m3.cuh),
+//           sm_90a, K/V strides under 4 GiB;
 //   decode  the decode-only kernel (paged_decode_kernel.cuh): head sizes <= 128; the planner gives
 //           it the batches whose items are all decode-path items (planner.h).
 // Choice of the non-decode kernel (select_attention_kernel): ws where it exists, else wgmma where
@@ -35,12 +36,14 @@ const char* attention_kernel_name(AttentionKernel kernel);
 // Head sizes (D = max(head_size, head_size_v)) each kernel is compiled for.
 constexpr bool wgmma_prefill_head_size(int d) { return d == 64 || d == 128 || d == 256; }
 constexpr bool ws_kernel_head_size(int d) { return d == 64 || d == 128 || d == 256; }
+constexpr bool ws_e4m3_head_size(int d) { return d == 128; }  // with an fp8 e4m3 cache
 constexpr bool decode_kernel_head_size(int d) { return d <= 128; }
 
-// The kernel of a layer's plans that are not decode-only. wgmma_image: the device loads this
-// build's sm_90a image (wgmma_kernels_available()); ws_strides_ok: the cache's strides suit the
-// warp-specialized kernel (ws_strides_fit).
-AttentionKernel select_attention_kernel(PrefillKernelChoice choice, int head_size, int head_size_v, bool fp8_kv,
+// The kernel of a layer's plans that are not decode-only. fp8_format: the cache's, as
+// AttentionKernelParams::fp8_format (0: 16-bit, 1: e4m3, 2: e5m2); wgmma_image: the device loads
+// this build's sm_90a image (wgmma_kernels_available()); ws_strides_ok: the cache's strides suit
+// the warp-specialized kernel (ws_strides_fit).
+AttentionKernel select_attention_kernel(PrefillKernelChoice choice, int head_size, int head_size_v, int fp8_format,
                                         bool wgmma_image, bool ws_strides_ok);
 
 // The warp-specialized kernel's copies use 32-bit byte strides: true when the K/V block strides

@@ -61,39 +61,50 @@
 
 #include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/attention/paged_prefill_wgmma.cuh"
+#include "backends/cuda/attention/ws_e4m3.cuh"
 
 namespace pagedattn::cuda {
 
-template <int D>
+// kFp8: an fp8 e4m3 cache on the 8-bit wgmma (ws_e4m3.cuh): K, V^T and the quantised Q of D bytes
+// a row, a V staging buffer of 2 tiles, 2 Q buffers (their row scales after them).
+template <int D, bool kFp8 = false>
 struct WsTraits {
-  static constexpr bool kSupported = ws_kernel_head_size(D);
+  static constexpr bool kSupported = kFp8 ? ws_e4m3_head_size(D) : ws_kernel_head_size(D);
+  static constexpr bool kE4m3 = kFp8;
+  static constexpr int kHeadSize = D;
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;  // K, V and Q in shared memory
   static constexpr int kThreads = 384;
   // Register split, producer + 2 x consumer = 3 x 168 (the launch bound's budget): D = 64's
-  // consumers hold half the O registers, so its producer gets 56 (40 spilled its fast copy path).
-  static constexpr int kProducerRegs = D == 64 ? 56 : 40;
-  static constexpr int kConsumerRegs = D == 64 ? 224 : 232;
+  // consumers hold half the O registers, so its producer gets 56 (40 spilled its fast copy path);
+  // so does the fp8 producer (Q quantisation, V transpose), whose consumers hold half the P.
+  static constexpr int kProducerRegs = kFp8 ? 64 : D == 64 ? 56 : 40;
+  static constexpr int kConsumerRegs = kFp8 ? 216 : D == 64 ? 224 : 232;
   static constexpr int kRows = 128;          // packed rows of an item (64 a consumer)
   // Keys of a tile: 128, or 64 at D = 256, where a consumer's O is 128 registers a thread (S 32 and
   // P 16 then fit beside it) and a tile of 64 keys moves the same 64 KB as 128 keys at D = 128.
   static constexpr int kKeys = D == 256 ? 64 : 128;
   static constexpr int kScoreTiles = kKeys / 8;   // n8 column blocks of S
-  static constexpr int kPvSteps = kKeys / 16;     // k16 steps of P . V
-  static constexpr int kColBlocks = D / 64;
+  static constexpr int kPvSteps = kKeys / (kFp8 ? 32 : 16);  // k16 (k32) steps of P . V
+  static constexpr int kColBlocks = D * kElemBytes / 128;   // 128-byte column blocks of a row
   static constexpr int kQTileBytes = kColBlocks * 64 * 128;     // one consumer's 64 rows
   static constexpr int kQBytes = 2 * kQTileBytes;
-  static constexpr int kKvTileBytes = kColBlocks * kKeys * 128;  // kKeys keys x D
+  static constexpr int kKvTileBytes = kColBlocks * kKeys * 128;  // kKeys keys x D (fp8: also V^T, D x kKeys)
+  static_assert(!kFp8 || !kSupported || D == kKeys, "the fp8 V^T tile has the K tile's shape");
   static constexpr int kStageBytes = 2 * kKvTileBytes;
-  static constexpr int kQBuffers = D == 64 ? 2 : 1;
-  static constexpr int kStages = D == 64 ? 4 : D == 128 ? 3 : 2;
+  static constexpr int kQBuffers = D == 64 || kFp8 ? 2 : 1;
+  static constexpr int kStages = kFp8 ? 5 : D == 64 ? 4 : D == 128 ? 3 : 2;
+  static constexpr int kStagesOffset = kQBuffers * kQBytes;
+  static constexpr int kStagingOffset = kStagesOffset + kStages * kStageBytes;  // fp8: 2 V tiles as copied
+  static constexpr int kQScaleOffset = kStagingOffset + (kFp8 ? 2 * kKvTileBytes : 0);  // fp8: f32 x kRows a Q buffer
   // K and V halves of a stage on barriers of their own (WsBarriers) at D = 256, whose 2 stages
   // otherwise leave the producer no slack; at D = 64 and 128 the second copy pass cost more than
   // the slack won (docs/perf/cuda.md), and a stage is released whole.
   static constexpr bool kSplitKv = D == 256;
-  static constexpr int kBarrierOffset = kQBuffers * kQBytes + kStages * kStageBytes;
+  static constexpr int kBarrierOffset = kQScaleOffset + (kFp8 ? kQBuffers * kRows * 4 : 0);
   static constexpr int kBarriers = (kSplitKv ? 4 : 2) * kStages + 2 * kQBuffers;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
   static_assert(!kSupported || kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
-  static constexpr int kChunksPerThread = D / 64;      // 16-byte chunks of a row, 8 threads a row
+  static constexpr int kChunksPerThread = kColBlocks;  // 16-byte chunks of a row, 8 threads a row
   static constexpr int kRowsPerThread = kKeys / 16;    // 128 producer threads = 16 rows a pass
   // Decode merge (consumer 0's O, m, l through a stage, 4 bytes x 128 threads a value): in one
   // pass, or in halves of O where the whole state (D / 2 + 4 values a thread) exceeds a stage.
@@ -121,10 +132,10 @@ __device__ __forceinline__ WsTiles ws_tiles(const ItemContext& ctx, int keys) {
 // half has an iteration more to land than a stage released whole. Without it both halves name
 // the stage's one full and one empty barrier, and the consumer waits and releases a stage whole
 // (WsStageSync).
-template <int D>
+template <class W>
 struct WsBarriers {
-  static constexpr int kS = WsTraits<D>::kStages;
-  static constexpr bool kSplit = WsTraits<D>::kSplitKv;
+  static constexpr int kS = W::kStages;
+  static constexpr bool kSplit = W::kSplitKv;
   static constexpr int kHalves = kSplit ? 2 : 1;
   uint64_t* base;
   __device__ __forceinline__ uint64_t* full(int s, bool v) const { return base + (kSplit && v ? kS : 0) + s; }
@@ -133,17 +144,17 @@ struct WsBarriers {
   }
   __device__ __forceinline__ uint64_t* q_full(int b) const { return base + 2 * kHalves * kS + b; }
   __device__ __forceinline__ uint64_t* q_empty(int b) const {
-    return base + 2 * kHalves * kS + WsTraits<D>::kQBuffers + b;
+    return base + 2 * kHalves * kS + W::kQBuffers + b;
   }
 };
 
 // A consumer's waits and releases of a stage's halves. Split (kSplitKv): K and V on their own
 // barriers. Whole: wait_k waits for the stage, release_v releases it, wait_v and release_k are
 // nothing (the same instructions as a kernel without halves).
-template <int D>
+template <class W>
 struct WsStageSync {
-  static constexpr bool kSplit = WsTraits<D>::kSplitKv;
-  WsBarriers<D> bars;
+  static constexpr bool kSplit = W::kSplitKv;
+  WsBarriers<W> bars;
   __device__ __forceinline__ void wait_k(int stage, uint32_t phase) const { mbar::wait(bars.full(stage, false), phase); }
   // V landed (split; nothing otherwise: wait_k waited for the stage). wait_v also orders the
   // copies before the tensor core's reads, for a P . V issued without a wait_k just before.
@@ -227,10 +238,10 @@ inline constexpr int kCopyK = 1;
 inline constexpr int kCopyV = 2;
 inline constexpr int kCopyKV = kCopyK | kCopyV;
 
-template <int D>
+template <class W>
 struct WsKvCopier {
-  using W = WsTraits<D>;
   static constexpr int kRows = W::kRowsPerThread;
+  static constexpr int kE = W::kElemBytes;
   const char* k_base;
   int64_t kv_delta;      // V source - K source (bytes)
   const int32_t* table;  // the request's block-table row; nullptr: not paged
@@ -247,20 +258,20 @@ struct WsKvCopier {
     const int lane_chunk = pt & 7;
     row0 = pt >> 3;
     dst0 = swizzled_offset<W::kKeys>(row0, lane_chunk);
-    k_base = static_cast<const char*>(p.key) + (static_cast<int64_t>(ctx.item.kv_head) * p.k_head_stride + lane_chunk * 8) * 2;
+    k_base = static_cast<const char*>(p.key) + static_cast<int64_t>(ctx.item.kv_head) * p.k_head_stride * kE + lane_chunk * 16;
     const char* v_base =
-        static_cast<const char*>(p.value) + (static_cast<int64_t>(ctx.item.kv_head) * p.v_head_stride + lane_chunk * 8) * 2;
+        static_cast<const char*>(p.value) + static_cast<int64_t>(ctx.item.kv_head) * p.v_head_stride * kE + lane_chunk * 16;
     if (p.paged) {
       table = p.block_table + ctx.item.request * p.block_table_stride;
-      k_block = static_cast<uint32_t>(p.k_block_stride * 2);
+      k_block = static_cast<uint32_t>(p.k_block_stride * kE);
     } else {  // rows of the current K/V: token query_start + position
-      k_base += static_cast<int64_t>(ctx.item.query_start) * p.k_token_stride * 2;
-      v_base += static_cast<int64_t>(ctx.item.query_start) * p.v_token_stride * 2;
+      k_base += static_cast<int64_t>(ctx.item.query_start) * p.k_token_stride * kE;
+      v_base += static_cast<int64_t>(ctx.item.query_start) * p.v_token_stride * kE;
       table = nullptr;
       k_block = 0;
     }
     kv_delta = v_base - k_base;
-    k_token = static_cast<uint32_t>(p.k_token_stride * 2);
+    k_token = static_cast<uint32_t>(p.k_token_stride * kE);
     num_blocks = p.paged ? static_cast<uint32_t>(min(p.num_blocks, static_cast<int64_t>(0x7fffffff))) : 0x7fffffffu;
     shift = ctx.block_shift;
     mask = static_cast<uint32_t>(p.block_size - 1);
@@ -300,11 +311,12 @@ struct WsKvCopier {
   }
 
   // Issues the copies of the K tile, the V tile or both (kParts) of the fetched tile at key0 into
-  // a stage ([K tile][V tile]). The row's position in its page: pos & (block_size - 1) for
-  // power-of-two pages (a uniform branch). Fast path: V's offset is K's (same strides), no branch.
+  // k_tile / v_tile (a stage's halves; fp8: V rows into a staging buffer, ws_staging_offset). The
+  // row's position in its page: pos & (block_size - 1) for power-of-two pages (a uniform branch).
+  // Fast path: V's offset is K's (same strides), no branch.
   template <bool kFast, int kParts>
   __device__ __forceinline__ void copy(const AttentionKernelParams& p, const ItemContext& ctx, int key0,
-                                       char* stage) const {
+                                       char* k_tile, char* v_tile) const {
     const bool pow2 = ctx.block_shift >= 0;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
@@ -327,52 +339,87 @@ struct WsKvCopier {
           row = static_cast<uint32_t>(pos - page_index(p, ctx, pos) * p.block_size);
         }
         k_src = k_base + (static_cast<uint64_t>(block) * k_block + static_cast<uint64_t>(row) * k_token);
-        const uint32_t v_block = p.paged ? static_cast<uint32_t>(p.v_block_stride * 2) : 0u;
-        const uint32_t v_token = static_cast<uint32_t>(p.v_token_stride * 2);
+        const uint32_t v_block = p.paged ? static_cast<uint32_t>(p.v_block_stride * kE) : 0u;
+        const uint32_t v_token = static_cast<uint32_t>(p.v_token_stride * kE);
         v_src = k_base + kv_delta + (static_cast<uint64_t>(block) * v_block + static_cast<uint64_t>(row) * v_token);
       }
-      char* dst = stage + dst0 + i * 16 * 128;
+      const int dst = dst0 + i * 16 * 128;
+      // The staging swizzle flips chunk bit 0 on odd rows / 16 (ws_staging_offset; one column block).
+      const int v_dst = W::kE4m3 ? dst ^ ((i & 1) << 4) : dst;
 #pragma unroll
       for (int k = 0; k < W::kChunksPerThread; ++k) {
-        if constexpr ((kParts & kCopyK) != 0) cp_async_16(dst + k * W::kKeys * 128, k_src + k * 128, valid);
-        if constexpr ((kParts & kCopyV) != 0) {
-          cp_async_16(dst + W::kKvTileBytes + k * W::kKeys * 128, v_src + k * 128, valid);
-        }
+        if constexpr ((kParts & kCopyK) != 0) cp_async_16(k_tile + dst + k * W::kKeys * 128, k_src + k * 128, valid);
+        if constexpr ((kParts & kCopyV) != 0) cp_async_16(v_tile + v_dst + k * W::kKeys * 128, v_src + k * 128, valid);
       }
     }
   }
 };
 
-// Producer: one item's tiles (Q first), the copier's fast or general path.
-template <int D, typename T, bool kFast>
+// Producer: one item's tiles (Q first), the copier's fast or general path. fp8 (W::kE4m3): Q is
+// quantised on its way in (ws_load_q_e4m3); V runs a tile ahead of K into the staging buffer of
+// its global tile index v_tile (a count over the CTA's items), and tile t's V is transposed into
+// its stage once every producer thread's copy of it has landed (the named barrier, which also
+// tells that tile t - 1's staging buffer has been read: V_{t+1}'s copy may overwrite it). A
+// stage's full barrier then takes 256 arrivals: each thread's K copies and its V^T writes.
+template <class W, typename T, bool kFast>
 __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, const ItemContext& ctx,
-                                                WsKvCopier<D>& copier, char* smem, const WsBarriers<D>& bars,
-                                                RingPos& ring, int n, int pt) {
-  using W = WsTraits<D>;
-  char* stages = smem + W::kQBuffers * W::kQBytes;
+                                                WsKvCopier<W>& copier, char* smem, const WsBarriers<W>& bars,
+                                                RingPos& ring, int n, int pt, int& v_tile) {
+  char* stages = smem + W::kStagesOffset;
+  auto staging = [&](int tile) { return smem + W::kStagingOffset + (tile & 1) * W::kKvTileBytes; };
   const WsTiles tiles = ws_tiles(ctx, W::kKeys);
   const int qb = n % W::kQBuffers;
   if (tiles.count > 0) copier.template fetch<kFast>(p, ctx, tiles.base);
   copier.template shift_ids<kFast>(p, ctx, tiles.base + W::kKeys, tiles.count > 1);
+  if constexpr (W::kE4m3) {
+    if (tiles.count > 0) {
+      copier.template copy<kFast, kCopyV>(p, ctx, tiles.base, nullptr, staging(v_tile));
+      cp_async_commit();
+    }
+  }
   // Q first: its buffer frees when the consumers have issued the previous item's last S
   // (about a tile before they release its last stages), so the next item's Q and first
   // tiles land while they finish it.
   mbar::wait(bars.q_empty(qb), ((n / W::kQBuffers) & 1) ^ 1u);
-  ws_load_q<D, T>(p, ctx, smem + qb * W::kQBytes, pt);
-  mbar::arrive_on_copies(bars.q_full(qb));
+  if constexpr (W::kE4m3) {
+    ws_load_q_e4m3<W::kHeadSize, W::kRows, W::kQTileBytes, T>(
+        p, ctx, smem + qb * W::kQBytes, reinterpret_cast<float*>(smem + W::kQScaleOffset) + qb * W::kRows, pt);
+    wgmma::fence_async_smem();
+    mbar::arrive(bars.q_full(qb));
+  } else {
+    ws_load_q<W::kHeadSize, T>(p, ctx, smem + qb * W::kQBytes, pt);
+    mbar::arrive_on_copies(bars.q_full(qb));
+  }
 #pragma unroll 1
   for (int t = 0; t < tiles.count; ++t) {
     const int key0 = tiles.base + t * W::kKeys;
     char* stage = stages + ring.stage * W::kStageBytes;
     mbar::wait(bars.empty(ring.stage, false), ring.phase ^ 1u);  // the whole stage unless split
-    copier.template copy<kFast, W::kSplitKv ? kCopyK : kCopyKV>(p, ctx, key0, stage);
-    mbar::arrive_on_copies(bars.full(ring.stage, false));
-    if constexpr (W::kSplitKv) {
-      mbar::wait(bars.empty(ring.stage, true), ring.phase ^ 1u);
-      copier.template copy<kFast, kCopyV>(p, ctx, key0, stage);
-      mbar::arrive_on_copies(bars.full(ring.stage, true));
+    if constexpr (W::kE4m3) {
+      copier.template copy<kFast, kCopyK>(p, ctx, key0, stage, nullptr);
+      mbar::arrive_on_copies(bars.full(ring.stage, false));
+      cp_async_commit();
+      copier.template shift_ids<kFast>(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
+      cp_async_wait<1>();               // this thread's V_t (all but K_t's group)
+      named_barrier::sync<128>(2);      // every thread's V_t; every thread done with V_{t-1}
+      if (t + 1 < tiles.count) {
+        copier.template copy<kFast, kCopyV>(p, ctx, key0 + W::kKeys, nullptr, staging(v_tile + 1));
+        cp_async_commit();
+      }
+      ws_transpose_v(staging(v_tile), stage + W::kKvTileBytes, pt);
+      wgmma::fence_async_smem();
+      mbar::arrive(bars.full(ring.stage, false));
+      ++v_tile;
+    } else {
+      copier.template copy<kFast, W::kSplitKv ? kCopyK : kCopyKV>(p, ctx, key0, stage, stage + W::kKvTileBytes);
+      mbar::arrive_on_copies(bars.full(ring.stage, false));
+      if constexpr (W::kSplitKv) {
+        mbar::wait(bars.empty(ring.stage, true), ring.phase ^ 1u);
+        copier.template copy<kFast, kCopyV>(p, ctx, key0, stage, stage + W::kKvTileBytes);
+        mbar::arrive_on_copies(bars.full(ring.stage, true));
+      }
+      copier.template shift_ids<kFast>(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
     }
-    copier.template shift_ids<kFast>(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
     ring.template advance<W::kStages>();
   }
 }
@@ -389,12 +436,12 @@ struct WsNoTrace {
 
 // Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..; decode-path items:
 // rows 0.. and every other tile, merged into consumer 1), then its output.
-template <int D, typename T, class Trace = WsNoTrace>
+template <int D, typename T, bool kFp8, class Trace = WsNoTrace>
 __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContext& ctx, char* smem,
-                                const WsBarriers<D>& bars, RingPos& ring, int qb, uint32_t q_phase, int wg,
-                                Trace& trace) {
+                                const WsBarriers<WsTraits<D, kFp8>>& bars, RingPos& ring, int qb, uint32_t q_phase,
+                                int wg, Trace& trace) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using W = WsTraits<D>;
+  using W = WsTraits<D, kFp8>;
   const int warp = (threadIdx.x >> 5) & 3;
   const int lane = threadIdx.x & 31;
   const int quad_row = lane >> 2;
@@ -404,7 +451,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   // tiles, consumer wg computing tiles t % 2 == wg; consumer 1 merges consumer 0's state at the end.
   const bool decode = (ctx.item.flags & kItemDecodePath) != 0;
   char* q_smem = smem + qb * W::kQBytes + (decode ? 0 : wg) * W::kQTileBytes;
-  char* stages = smem + W::kQBuffers * W::kQBytes;
+  char* stages = smem + W::kStagesOffset;
 
   // Tiles this warpgroup computes: a prefix (visibility is monotone in the row position; the
   // last live row of the 64 sees the most).
@@ -439,23 +486,59 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   // each wgmma then waits for moves to uniform ones: docs/perf/cuda.md).
   auto q_desc = [&] { return wgmma::uniform_desc(q_smem, 16, 1024); };
   auto k_desc = [&](int stage) { return wgmma::uniform_desc(stages + stage * W::kStageBytes, 16, 1024); };
+  // V: N-major 16-bit tile (column blocks kKeys rows apart), or the fp8 V^T tile (K-major).
   auto v_desc = [&](int stage) {
-    return wgmma::uniform_desc(stages + stage * W::kStageBytes + W::kKvTileBytes, W::kKeys * 128, 1024);
+    return wgmma::uniform_desc(stages + stage * W::kStageBytes + W::kKvTileBytes, kFp8 ? 16 : W::kKeys * 128, 1024);
+  };
+  auto issue_s = [&](int stage) {
+    if constexpr (kFp8) {
+      issue_scores_e4m3<D, W::kKeys>(s, q_desc(), k_desc(stage));
+    } else {
+      issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(stage));
+    }
+  };
+  auto issue_o = [&](int stage) {
+    if constexpr (kFp8) {
+      issue_pv_e4m3<D>(o, pa, v_desc(stage));
+    } else {
+      issue_pv<D, T>(o, pa, v_desc(stage));
+    }
+  };
+  auto pack = [&] {
+    if constexpr (kFp8) {
+      pack_p_e4m3(s, pa);
+    } else {
+      pack_p<T>(s, pa);
+    }
   };
 
   mbar::wait(bars.q_full(qb), q_phase);
   __syncwarp();
   wgmma::fence_async_smem();
+  // fp8: the quantised Q rows' scales (ws_load_q_e4m3), applied through the softmax's factor.
+  float q_row_scale[2] = {1.f, 1.f};
+  if constexpr (kFp8) {
+    const float* scales = reinterpret_cast<const float*>(smem + W::kQScaleOffset) + qb * W::kRows;
+    q_row_scale[0] = scales[r0];
+    q_row_scale[1] = scales[r0 + 8];
+  }
 
   // Softmax of the scores of the tile at key0 (in s); returns the corrections of the two rows.
   auto softmax = [&](int key0, float& c0, float& c1) {
     const bool masked = key0 < ctx.lo_max || key0 + W::kKeys - 1 > ctx.hi_min;
+    if (kFp8 && general) {  // the general logit transform takes the true dot products
+#pragma unroll
+      for (int j = 0; j < W::kScoreTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= q_row_scale[e >> 1];
+    }
     const float factor = transform_scores<W::kScoreTiles>(s, p, ctx, rows, r0, key0, general, masked);
-    c0 = online_softmax_row<W::kScoreTiles>(s, 0, factor, m[0], l[0]);
-    c1 = online_softmax_row<W::kScoreTiles>(s, 1, factor, m[1], l[1]);
+    const bool row_factor = kFp8 && !general;
+    c0 = online_softmax_row<W::kScoreTiles>(s, 0, row_factor ? factor * q_row_scale[0] : factor, m[0], l[0]);
+    c1 = online_softmax_row<W::kScoreTiles>(s, 1, row_factor ? factor * q_row_scale[1] : factor, m[1], l[1]);
   };
 
-  const WsStageSync<D> sync{bars};
+  const WsStageSync<W> sync{bars};
 
   // Decode items: consumer 0's last tile (its stage holds consumer 0's state for the merge).
   const int merge_tile = decode && active >= 2 ? ((active - 1) & ~1) : -1;
@@ -481,7 +564,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::fence_async_smem();
       wgmma::reg_fence(o);
       wgmma::fence();
-      issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(ring.stage));
+      issue_s(ring.stage);
       wgmma::wait<0>();
       wgmma::reg_fence(s);
       if (t != merge_tile) sync.release_k(ring.stage);  // merge_tile: after the merge
@@ -490,13 +573,13 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         float c0, c1;
         softmax(tiles.base + t * W::kKeys, c0, c1);
         rescale_o(o, c0, c1);
-        pack_p<T>(s, pa);
+        pack();
       }
       sync.wait_v(ring.stage, ring.phase);
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
-      issue_pv<D, T>(o, pa, v_desc(ring.stage));
+      issue_o(ring.stage);
       wgmma::wait<0>();
       wgmma::reg_fence(o);
       wgmma::reg_fence(pa);
@@ -509,7 +592,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       __syncwarp();
       wgmma::fence_async_smem();
       wgmma::fence();
-      issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(ring.stage));
+      issue_s(ring.stage);
       wgmma::wait<0>();
       wgmma::reg_fence(s);
       sync.release_k(ring.stage);  // K_0 read
@@ -517,7 +600,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       if (warp_live) {
         float c0, c1;
         softmax(tiles.base, c0, c1);  // O is zero: no rescale
-        pack_p<T>(s, pa);
+        pack();
       }
     }
     // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
@@ -534,8 +617,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
-      issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(nxt.stage));
-      issue_pv<D, T>(o, pa, v_desc(ring.stage));
+      issue_s(nxt.stage);
+      issue_o(ring.stage);
       trace.mark(kWsMarkIssued);
       wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
       wgmma::reg_fence(s);
@@ -552,7 +635,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       trace.next();
       sync.release_v(ring.stage);  // V_t read (the whole stage t unless split)
       rescale_o(o, c0, c1);
-      pack_p<T>(s, pa);
+      pack();
       ring = nxt;
     }
     if (active > 0) {  // the last computed tile: P . V alone
@@ -560,7 +643,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
-      issue_pv<D, T>(o, pa, v_desc(ring.stage));
+      issue_o(ring.stage);
       wgmma::wait<0>();
       wgmma::reg_fence(o);
       sync.release_v(ring.stage);
@@ -691,19 +774,22 @@ __device__ __forceinline__ void ws_for_each_item(const AttentionKernelParams& p,
   for (int n = 0; n < count; ++n) f(cta + (backwards ? count - 1 - n : n) * grid, n);
 }
 
-// Trace: WsNoTrace, or the timeline probe's recorder (bench/ws_timeline_probe.cu).
-template <int D, typename T, class Trace = WsNoTrace>
-__global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_kernel(const AttentionKernelParams p) {
-  using W = WsTraits<D>;
+// kFp8: an fp8 e4m3 cache (ws_e4m3.cuh). Trace: WsNoTrace, or the timeline probe's recorder
+// (bench/ws_timeline_probe.cu).
+template <int D, typename T, bool kFp8 = false, class Trace = WsNoTrace>
+__global__ void __launch_bounds__(WsTraits<D, kFp8>::kThreads, 1)
+    paged_attention_ws_kernel(const AttentionKernelParams p) {
+  using W = WsTraits<D, kFp8>;
   static_assert(W::kSupported);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
-  const WsBarriers<D> bars{reinterpret_cast<uint64_t*>(smem + W::kBarrierOffset)};
+  const WsBarriers<W> bars{reinterpret_cast<uint64_t*>(smem + W::kBarrierOffset)};
   if (threadIdx.x == 0) {
     for (int s = 0; s < W::kStages; ++s) {
-      for (int v = 0; v < WsBarriers<D>::kHalves; ++v) {
-        mbar::init(bars.full(s, v), 128);                         // every producer thread, when its copies landed
-        mbar::init(bars.empty(s, v), 256);                         // every consumer thread
+      for (int v = 0; v < WsBarriers<W>::kHalves; ++v) {
+        // every producer thread, when its copies landed (fp8: and again when its V^T writes are done)
+        mbar::init(bars.full(s, v), kFp8 ? 256 : 128);
+        mbar::init(bars.empty(s, v), 256);  // every consumer thread
       }
     }
     for (int b = 0; b < W::kQBuffers; ++b) {
@@ -717,14 +803,15 @@ __global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_k
     warpgroup_regs_dec<W::kProducerRegs>();
     const int pt = threadIdx.x;
     RingPos ring;
-    WsKvCopier<D> copier;
+    WsKvCopier<W> copier;
+    int v_tile = 0;  // fp8: the V staging buffers' tile count
     ws_for_each_item(p, [&](int i, int n) {
       const ItemContext ctx = make_item_context(p, p.items[i]);
       copier.begin_item(p, ctx, pt);
-      if (WsKvCopier<D>::fast_path(p, ctx)) {
-        ws_produce_item<D, T, true>(p, ctx, copier, smem, bars, ring, n, pt);
+      if (WsKvCopier<W>::fast_path(p, ctx)) {
+        ws_produce_item<W, T, true>(p, ctx, copier, smem, bars, ring, n, pt, v_tile);
       } else {
-        ws_produce_item<D, T, false>(p, ctx, copier, smem, bars, ring, n, pt);
+        ws_produce_item<W, T, false>(p, ctx, copier, smem, bars, ring, n, pt, v_tile);
       }
     });
     cp_async_wait<0>();
@@ -734,8 +821,8 @@ __global__ void __launch_bounds__(WsTraits<D>::kThreads, 1) paged_attention_ws_k
     Trace trace{};
     ws_for_each_item(p, [&](int i, int n) {
       const ItemContext ctx = make_item_context(p, p.items[i]);
-      ws_consume_item<D, T, Trace>(p, ctx, smem, bars, ring, n % W::kQBuffers, (n / W::kQBuffers) & 1, role - 1,
-                                   trace);
+      ws_consume_item<D, T, kFp8, Trace>(p, ctx, smem, bars, ring, n % W::kQBuffers, (n / W::kQBuffers) & 1,
+                                         role - 1, trace);
     });
   }
 #else

@@ -113,47 +113,47 @@ __device__ __forceinline__ void fence_async_smem() {
 // S (64 x 64 f32) += A (64 x 16, shared, K-major) . B (16 x 64, shared, K-major).
 // O (64 x N f32) += A (64 x 16, registers) . B (16 x N, shared, N-major).
 // One asm body per shape, the element type (bf16 / f16) pasted into the instruction name.
-#define PAGEDATTN_WGMMA_SS_M64N64K16(TYPE)                                   \
+#define PAGEDATTN_WGMMA_SS_M64N64(INSTR, TAIL)                                   \
   asm volatile(                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                        \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {"        \
+      "wgmma.mma_async.sync.aligned." INSTR " {"        \
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"  \
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"  \
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                  \
+      "}, %32, %33, p, 1, 1" TAIL ";\n}\n"                                  \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-#define PAGEDATTN_WGMMA_SS_M64N128K16(TYPE)                                  \
+#define PAGEDATTN_WGMMA_SS_M64N128(INSTR, TAIL)                                  \
   asm volatile(                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                        \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"       \
+      "wgmma.mma_async.sync.aligned." INSTR " {"       \
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"  \
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                  \
+      "}, %64, %65, p, 1, 1" TAIL ";\n}\n"                                  \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-#define PAGEDATTN_WGMMA_RS_M64N64K16_TB(TYPE)                              \
+#define PAGEDATTN_WGMMA_RS_M64N64(INSTR, TAIL)                              \
   asm volatile(                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                        \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {"       \
+      "wgmma.mma_async.sync.aligned." INSTR " {"       \
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"  \
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"  \
-      "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"                           \
+      "}, {%32,%33,%34,%35}, %36, p, 1, 1" TAIL ";\n}\n"                           \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
-#define PAGEDATTN_WGMMA_RS_M64N128K16_TB(TYPE)                              \
+#define PAGEDATTN_WGMMA_RS_M64N128(INSTR, TAIL)                              \
   asm volatile(                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                        \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"       \
+      "wgmma.mma_async.sync.aligned." INSTR " {"       \
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"  \
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"  \
       "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"  \
       "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"  \
-      "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"                           \
+      "}, {%64,%65,%66,%67}, %68, p, 1, 1" TAIL ";\n}\n"                           \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
@@ -163,10 +163,10 @@ __device__ __forceinline__ void fence_async_smem() {
           "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
           "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
-#define PAGEDATTN_WGMMA_RS_M64N256K16_TB(TYPE)                              \
+#define PAGEDATTN_WGMMA_RS_M64N256(INSTR, TAIL)                              \
   asm volatile(                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                        \
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {"       \
+      "wgmma.mma_async.sync.aligned." INSTR " {"       \
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"  \
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"  \
       "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"  \
@@ -175,7 +175,7 @@ __device__ __forceinline__ void fence_async_smem() {
       "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"  \
       "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"  \
       "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"  \
-      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"                           \
+      "}, {%128,%129,%130,%131}, %132, p, 1, 1" TAIL ";\n}\n"                           \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
@@ -240,46 +240,36 @@ __device__ __forceinline__ void fence_async_smem() {
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
         : "l"(desc_a), "l"(desc_b), "r"(1))
 
+// The instruction of a shape and element type; TAIL: the transpose immediates (16-bit types only).
+#define PAGEDATTN_WGMMA_BY_TYPE(MACRO, SHAPE, TAIL)                                                       \
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {                                                     \
+    MACRO(SHAPE "k16.f32.bf16.bf16", TAIL);                                                              \
+  } else {                                                                                               \
+    MACRO(SHAPE "k16.f32.f16.f16", TAIL);                                                                \
+  }
+
 template <typename T>
 struct Ops {
   static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>);
+  static constexpr int kK = 16;  // the wgmma K of the type
   static __device__ __forceinline__ void ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
                                                 int scale_d) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      PAGEDATTN_WGMMA_SS_M64N64K16("bf16");
-    } else {
-      PAGEDATTN_WGMMA_SS_M64N64K16("f16");
-    }
+    PAGEDATTN_WGMMA_BY_TYPE(PAGEDATTN_WGMMA_SS_M64N64, "m64n64", ", 0, 0")
   }
   static __device__ __forceinline__ void ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
                                                  int scale_d) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      PAGEDATTN_WGMMA_SS_M64N128K16("bf16");
-    } else {
-      PAGEDATTN_WGMMA_SS_M64N128K16("f16");
-    }
+    PAGEDATTN_WGMMA_BY_TYPE(PAGEDATTN_WGMMA_SS_M64N128, "m64n128", ", 0, 0")
   }
+  // B read N-major (transposed).
   template <int N>
   static __device__ __forceinline__ void rs_tb(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
     if constexpr (N == 64) {
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        PAGEDATTN_WGMMA_RS_M64N64K16_TB("bf16");
-      } else {
-        PAGEDATTN_WGMMA_RS_M64N64K16_TB("f16");
-      }
+      PAGEDATTN_WGMMA_BY_TYPE(PAGEDATTN_WGMMA_RS_M64N64, "m64n64", ", 1")
     } else if constexpr (N == 128) {
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        PAGEDATTN_WGMMA_RS_M64N128K16_TB("bf16");
-      } else {
-        PAGEDATTN_WGMMA_RS_M64N128K16_TB("f16");
-      }
+      PAGEDATTN_WGMMA_BY_TYPE(PAGEDATTN_WGMMA_RS_M64N128, "m64n128", ", 1")
     } else {
       static_assert(N == 256);
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        PAGEDATTN_WGMMA_RS_M64N256K16_TB("bf16");
-      } else {
-        PAGEDATTN_WGMMA_RS_M64N256K16_TB("f16");
-      }
+      PAGEDATTN_WGMMA_BY_TYPE(PAGEDATTN_WGMMA_RS_M64N256, "m64n256", ", 1")
     }
   }
   // Flat accumulator arrays (d[4 j + e] = n8 block j, element e), always accumulating (scale-d = 1).
@@ -298,11 +288,37 @@ struct Ops {
     }
   }
 };
-#undef PAGEDATTN_WGMMA_SS_M64N64K16
-#undef PAGEDATTN_WGMMA_SS_M64N128K16
-#undef PAGEDATTN_WGMMA_RS_M64N64K16_TB
-#undef PAGEDATTN_WGMMA_RS_M64N128K16_TB
-#undef PAGEDATTN_WGMMA_RS_M64N256K16_TB
+// fp8 e4m3 operands (wgmma k32): both operands K-major (8-bit types have no transpose), A of the
+// RS form as 4 registers of 4 bytes (row r: columns 4 (lane % 4) .. + 3 and 16 + those; row r + 8:
+// the same), f32 accumulators in the 16-bit types' layout.
+struct OpsE4m3 {
+  static constexpr int kK = 32;
+  static __device__ __forceinline__ void ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    PAGEDATTN_WGMMA_SS_M64N64("m64n64k32.f32.e4m3.e4m3", "");
+  }
+  static __device__ __forceinline__ void ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
+                                                 int scale_d) {
+    PAGEDATTN_WGMMA_SS_M64N128("m64n128k32.f32.e4m3.e4m3", "");
+  }
+  // B K-major.
+  template <int N>
+  static __device__ __forceinline__ void rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+    if constexpr (N == 64) {
+      PAGEDATTN_WGMMA_RS_M64N64("m64n64k32.f32.e4m3.e4m3", "");
+    } else if constexpr (N == 128) {
+      PAGEDATTN_WGMMA_RS_M64N128("m64n128k32.f32.e4m3.e4m3", "");
+    } else {
+      static_assert(N == 256);
+      PAGEDATTN_WGMMA_RS_M64N256("m64n256k32.f32.e4m3.e4m3", "");
+    }
+  }
+};
+#undef PAGEDATTN_WGMMA_BY_TYPE
+#undef PAGEDATTN_WGMMA_SS_M64N64
+#undef PAGEDATTN_WGMMA_SS_M64N128
+#undef PAGEDATTN_WGMMA_RS_M64N64
+#undef PAGEDATTN_WGMMA_RS_M64N128
+#undef PAGEDATTN_WGMMA_RS_M64N256
 #undef PAGEDATTN_WGMMA_SS_M64N64K16_FLAT
 #undef PAGEDATTN_WGMMA_SS_M64N256K16_TB_FLAT
 #endif
