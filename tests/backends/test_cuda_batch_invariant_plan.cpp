@@ -2,7 +2,8 @@
 // only (runs in every build): a request's items and splits are the same whatever the rest of the
 // batch, its position, the SM count and whether the batch is decode-only; decode-path items are cut
 // in fixed 2048-key chunks from their first tile, prefill-path items never; the decode-only kernel
-// and cascade are never planned; fixed_split_capacity bounds every such plan.
+// and cascade are never planned; fixed_split_capacity bounds every such plan. The CUDA_MLA decode's
+// fixed plan (mla_decode.h, make_fixed_plan) likewise: a request's segments are its own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "backends/cuda/attention/planner.h"
+#include "backends/cuda/mla/mla_decode.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::cuda {
@@ -131,6 +133,53 @@ TEST(CudaBatchInvariantPlan, CascadeIsAnError) {
     ADD_FAILURE() << "a cascade prefix was accepted in a batch-invariant plan";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "cascade_prefix");
+  }
+}
+
+TEST(CudaMlaBatchInvariantPlan, ARequestsSegmentsDoNotDependOnTheBatch) {
+  namespace md = mla_decode;
+  const std::vector<int32_t> pool = {4097, 300, 9000, 2048, 1, 0, 6000, 2049};
+  // (kv_start, kv_end, writes a partial) of request `r`'s segments.
+  const auto segments_of = [](const md::Plan& plan, int r) {
+    std::vector<std::tuple<int, int, bool>> out;
+    for (const md::Segment& s : plan.segments) {
+      if (s.request == r) out.emplace_back(s.kv_start, s.kv_end, s.partial_row >= 0);
+    }
+    return out;
+  };
+  std::mt19937_64 rng(22);
+  for (size_t target = 0; target < pool.size(); ++target) {
+    const md::Plan alone = md::make_fixed_plan(std::vector<int32_t>{pool[target]}, md::kBatchInvariantSplitTiles, 132);
+    const auto expected = segments_of(alone, 0);
+    const int64_t tiles = (pool[target] + 63) / 64;
+    EXPECT_EQ(expected.size(), static_cast<size_t>(std::max<int64_t>(1, (tiles + 31) / 32)));
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<int32_t> batch;
+      for (size_t r = 0; r < pool.size(); ++r) {
+        if (r != target && rng() % 2 == 0) batch.push_back(pool[r]);
+      }
+      const size_t position = rng() % (batch.size() + 1);
+      batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(position), pool[target]);
+      const int parts = 1 + static_cast<int>(rng() % 200);
+      const md::Plan plan = md::make_fixed_plan(batch, md::kBatchInvariantSplitTiles, parts);
+      EXPECT_EQ(segments_of(plan, static_cast<int>(position)), expected) << target << " at " << position;
+      ASSERT_LE(plan.num_parts, parts);
+      EXPECT_EQ(plan.part_begin.front(), 0);
+      EXPECT_EQ(plan.part_begin.back(), static_cast<int32_t>(plan.segments.size()));
+      EXPECT_LE(static_cast<int64_t>(plan.segments.size()),
+                md::max_fixed_segments(static_cast<int64_t>(batch.size()), 9000, md::kBatchInvariantSplitTiles));
+      // Every split request's slots are its own, consecutive, in key order.
+      for (size_t r = 0; r < batch.size(); ++r) {
+        const md::RequestSplit split = plan.splits[r];
+        int seen = 0;
+        for (const md::Segment& s : plan.segments) {
+          if (s.request != static_cast<int>(r)) continue;
+          EXPECT_EQ(s.partial_row, split.num_splits > 1 ? split.partial_base + seen : -1);
+          ++seen;
+        }
+        EXPECT_EQ(seen, split.num_splits);
+      }
+    }
   }
 }
 

@@ -59,15 +59,23 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     max_parts_ = std::max(1, config_.num_sms > 0 ? config_.num_sms : current_device_sm_count());
     decode_kernel_ = md::resolve_decode_kernel(config_.num_heads, spec_.dtype);
     const int64_t s = std::max(1, config_.max_num_seqs);
+    // Batch-invariant builders (config_ resolved by the common builder): fixed 2048-key segments
+    // (md::make_fixed_plan), as many as the longest requests need.
+    max_segments_ = md::max_segments(s, max_parts_);
+    max_slots_ = md::max_partial_slots(max_parts_);
+    if (config_.batch_invariant) {
+      const int64_t fixed = md::max_fixed_segments(s, config_.max_model_len, md::kBatchInvariantSplitTiles);
+      max_segments_ = std::max(max_segments_, fixed);
+      max_slots_ = std::max(max_slots_, fixed);
+    }
     part_begin_offset_ = 0;
     segments_offset_ = align16((max_parts_ + 1) * sizeof(int32_t));
-    splits_offset_ = segments_offset_ + align16(md::max_segments(s, max_parts_) * sizeof(md::Segment));
+    splits_offset_ = segments_offset_ + align16(max_segments_ * sizeof(md::Segment));
     const size_t bytes = splits_offset_ + align16(s * sizeof(md::RequestSplit));
     plan_ = Tensor(Shape{static_cast<int64_t>(bytes)}, DType::u8, Device::cuda);
     staging_.resize(bytes);
-    const int64_t slots = md::max_partial_slots(max_parts_);
-    partial_out_ = Tensor(Shape{slots, config_.num_heads, md::kValue}, DType::f32, Device::cuda);
-    partial_lse_ = Tensor(Shape{slots, config_.num_heads}, DType::f32, Device::cuda);
+    partial_out_ = Tensor(Shape{max_slots_, config_.num_heads, md::kValue}, DType::f32, Device::cuda);
+    partial_lse_ = Tensor(Shape{max_slots_, config_.num_heads}, DType::f32, Device::cuda);
   }
 
   size_t workspace_bytes() const override {
@@ -78,17 +86,19 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
   std::shared_ptr<MLAMetadata> make_metadata() const override { return std::make_shared<CudaMlaMetadata>(); }
 
   // fast_build changes nothing here: the balanced partition is one O(num_requests + parts) pass
-  // (make_plan), with no search to skip, and MLA has no cascade.
+  // (make_plan), with no search to skip, and MLA has no cascade. Batch-invariant builders: the
+  // fixed segments of make_fixed_plan.
   void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& /*common*/,
                    bool /*fast_build*/) override {
     auto& m = static_cast<CudaMlaMetadata&>(metadata);
     const int rows = md::rows_per_cta(decode_kernel_);
     const int head_tiles = (config_.num_heads + rows - 1) / rows;
     const int parts = std::max(1, max_parts_ / head_tiles);
-    const md::Plan plan = md::make_plan(m.decode.seq_lens, parts);
-    PAGEDATTN_CHECK(plan.num_parts <= max_parts_ &&
-                        static_cast<int64_t>(plan.segments.size()) <= md::max_segments(config_.max_num_seqs, max_parts_) &&
-                        plan.num_partial_slots <= md::max_partial_slots(max_parts_),
+    const md::Plan plan = config_.batch_invariant
+                              ? md::make_fixed_plan(m.decode.seq_lens, md::kBatchInvariantSplitTiles, parts)
+                              : md::make_plan(m.decode.seq_lens, parts);
+    PAGEDATTN_CHECK(plan.num_parts <= max_parts_ && static_cast<int64_t>(plan.segments.size()) <= max_segments_ &&
+                        plan.num_partial_slots <= max_slots_,
                     "common", kName, " plan: ", plan.segments.size(), " segments / ", plan.num_partial_slots,
                     " partial slots exceed the builder's capacity (internal error)");
     std::fill(staging_.begin(), staging_.end(), uint8_t{0});
@@ -115,6 +125,7 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
  private:
   static size_t align16(size_t x) { return (x + 15) / 16 * 16; }
   int max_parts_ = 1;
+  int64_t max_segments_ = 0, max_slots_ = 0;  // plan capacity (segments, partial slots)
   md::DecodeKernel decode_kernel_ = md::DecodeKernel::mma_16_rows;  // chosen once, at construction
   size_t part_begin_offset_ = 0, segments_offset_ = 0, splits_offset_ = 0;
   Tensor plan_, partial_out_, partial_lse_;

@@ -9,6 +9,7 @@
 // kernel merges the request's slots; an uncut request writes the output directly.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -49,6 +50,19 @@ inline int64_t max_partial_slots(int64_t max_parts) { return 2 * max_parts; }
 
 // seq_lens (num_requests,) >= 0; num_parts >= 1.
 Plan make_plan(std::span<const int32_t> seq_lens, int num_parts);
+
+// Batch-invariant plans (BuilderConfig::batch_invariant): each request cut in segments of
+// split_tiles tiles from key 0 (the last shorter), whatever the batch and the SM count, so what a
+// segment computes and how its request's slots merge depend on the request alone; the segments are
+// then dealt to at most num_parts parts of about equal cost (which part runs a segment changes
+// nothing it computes). A request of one segment writes the output directly.
+inline constexpr int kBatchInvariantSplitTiles = 32;  // 2048 keys, as the CUDA backend's decodes
+Plan make_fixed_plan(std::span<const int32_t> seq_lens, int split_tiles, int num_parts);
+// Segments (and partial slots) of fixed plans of at most max_requests requests of <= max_len keys.
+inline int64_t max_fixed_segments(int64_t max_requests, int64_t max_len, int split_tiles) {
+  const int64_t tiles = (max_len + kKeysPerTile - 1) / kKeysPerTile;
+  return max_requests * std::max<int64_t>(1, (tiles + split_tiles - 1) / split_tiles);
+}
 
 // The decode kernel of a plan, chosen once by the builder (mla_cuda_backend.cpp) and run by the
 // launch as named:

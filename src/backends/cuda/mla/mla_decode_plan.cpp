@@ -6,6 +6,7 @@
 // ceil((tiles + overhead * (requests + parts)) / num_parts) of it; a request crossing a part boundary is cut there (at a tile
 // boundary), so every CTA gets the same amount of work whatever the mix of lengths, and a
 // single long request is spread over every part. Pure host code, O(num_requests + num_parts).
+// Batch-invariant plans (make_fixed_plan): fixed 2048-key segments per request instead.
 #include <algorithm>
 #include <cstdint>
 
@@ -97,6 +98,54 @@ Plan make_plan(std::span<const int32_t> seq_lens, int num_parts) {
     seg_i += static_cast<size_t>(k);
   }
   plan.num_partial_slots = slot;
+  return plan;
+}
+
+Plan make_fixed_plan(std::span<const int32_t> seq_lens, int split_tiles, int num_parts) {
+  PAGEDATTN_CHECK(num_parts >= 1 && split_tiles >= 1, "num_parts", "CUDA_MLA fixed plan: num_parts = ", num_parts,
+                  ", split_tiles = ", split_tiles, ": both must be >= 1");
+  Plan plan;
+  const int n = static_cast<int>(seq_lens.size());
+  plan.splits.assign(static_cast<size_t>(n), RequestSplit{1, -1});
+  if (n == 0) return plan;
+  // Segments, request by request (fixed sizes), and their total cost.
+  int64_t total = 0;
+  int slot = 0;
+  for (int r = 0; r < n; ++r) {
+    PAGEDATTN_CHECK(seq_lens[r] >= 0, "seq_lens", "CUDA_MLA plan: a decode seq_len is ", seq_lens[r], ", expected >= 0");
+    const int64_t tiles = (seq_lens[r] + kKeysPerTile - 1) / kKeysPerTile;
+    const int64_t count = std::max<int64_t>(1, (tiles + split_tiles - 1) / split_tiles);
+    if (count > 1) {
+      plan.splits[r] = RequestSplit{static_cast<int32_t>(count), slot};
+      plan.any_split = true;
+    }
+    for (int64_t j = 0; j < count; ++j) {
+      Segment seg;
+      seg.request = r;
+      seg.kv_start = static_cast<int32_t>(j * split_tiles * kKeysPerTile);
+      seg.kv_end = static_cast<int32_t>(std::min<int64_t>((j + 1) * split_tiles * kKeysPerTile, seq_lens[r]));
+      seg.partial_row = count > 1 ? slot + static_cast<int32_t>(j) : -1;
+      total += std::min<int64_t>(split_tiles, tiles - j * split_tiles) + kSegmentOverhead;
+      plan.segments.push_back(seg);
+    }
+    if (count > 1) slot += static_cast<int>(count);
+  }
+  plan.num_partial_slots = slot;
+  // Parts: consecutive segments up to about total / num_parts each.
+  const int64_t budget = (total + num_parts - 1) / num_parts;
+  plan.part_begin.push_back(0);
+  int64_t load = 0;
+  for (size_t i = 0; i < plan.segments.size(); ++i) {
+    const Segment& seg = plan.segments[i];
+    const int64_t cost = (seg.kv_end - seg.kv_start + kKeysPerTile - 1) / kKeysPerTile + kSegmentOverhead;
+    if (load > 0 && load + cost > budget && static_cast<int>(plan.part_begin.size()) < num_parts) {
+      plan.part_begin.push_back(static_cast<int32_t>(i));
+      load = 0;
+    }
+    load += cost;
+  }
+  plan.part_begin.push_back(static_cast<int32_t>(plan.segments.size()));
+  plan.num_parts = static_cast<int>(plan.part_begin.size()) - 1;
   return plan;
 }
 
