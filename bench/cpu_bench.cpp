@@ -23,6 +23,8 @@
 //   Prefill/…    1x2048 and 4x1024 new tokens, causal, no context
 //   Decode/B/C   batch B (1, 16, 64) x context C (1k, 4k, 16k), one new token each
 //   Mixed        one 512-token chunk over 1536 cached + 32 decodes over 2k
+//   Decode/128x4k, Prefill/4x4096   the batch-invariance cost shapes (issue 21; A/B with
+//                PAGEDATTN_BATCH_INVARIANT=1, docs/perf/cpu.md)
 //   DecodeKernels/B x C   the direct decode kernel and the tile kernel alternating on one batch
 //                (medians of the rounds: direct_GB/s, tile_GB/s, direct/tile)
 //   Reference/…  the REFERENCE backend (fp64, naive) on reduced sizes (it is ~1000x slower)
@@ -344,6 +346,10 @@ void register_all() {
   std::vector<RequestShape> mixed = decode_batch(32, 2048);
   mixed.push_back({1536, 512});
   cpu("Mixed/512chunk+32x2k", mixed);
+  // The shapes of issue 21's batch-invariance cost (docs/perf/cpu.md): run with and without
+  // PAGEDATTN_BATCH_INVARIANT=1 (the env var reaches the builder here).
+  cpu("Decode/128x4k", decode_batch(128, 4096));
+  cpu("Prefill/4x4096", std::vector<RequestShape>(4, RequestShape{0, 4096}));
   const auto ref = [](const std::string& name, std::vector<RequestShape> batch) {
     benchmark::RegisterBenchmark(("REFERENCE/" + name).c_str(), BM_Reference, std::move(batch))
         ->Unit(benchmark::kMillisecond)
