@@ -14,6 +14,8 @@
 #include "../../src/backends/cpu/cpu_internal.h"
 #include "conformance/batch_invariance.h"
 #include "conformance/env_guard.h"
+#include "conformance/harness.h"
+#include "conformance/mla_harness.h"
 
 namespace pagedattn::cpu {
 namespace {
@@ -176,6 +178,36 @@ TEST(ReferenceMlaBatchInvariant, F32) {
   c.pool = {{500, 1}, {90, 1}, {0, 1}, {0, 30}, {200, 12}, {60, 20}};
   c.mla_workspace_tokens = static_cast<int64_t>(c.pool.size()) * 2 * c.block_size;
   expect_invariant(backend_named("REFERENCE_MLA"), c, 41);
+}
+
+// ---- the mode computes the same attention ----------------------------------------------------
+// The CI conformance grids against the fp64 oracles with every builder in the mode
+// (PAGEDATTN_BATCH_INVARIANT=1): the CPU (its request-local plans, no cascade even where the grid
+// asks for it) and CPU_MLA (fixed context chunks, no split, the fixed-row GEMMs).
+
+TEST(BatchInvariantConformance, CpuGrid) {
+  EnvGuard env(kBatchInvariantEnv, "1");
+  int ran = 0;
+  for (const conformance::ConformanceCase& c : conformance::conformance_grid(false)) {
+    if (!conformance::unsupported_reasons(cpu_backend(), Device::cpu, c).empty()) continue;
+    const conformance::ConformanceResult result = conformance::run_case(cpu_backend(), Device::cpu, c, 7);
+    EXPECT_TRUE(result.passed()) << result.describe();
+    EXPECT_FALSE(result.used_cascade) << result.describe();
+    ++ran;
+  }
+  EXPECT_GT(ran, 20);
+}
+
+TEST(BatchInvariantConformance, CpuMlaGrid) {
+  EnvGuard env(kBatchInvariantEnv, "1");
+  const auto results = conformance::mla::run_mla_grid(backend_named("CPU_MLA"), "", Device::cpu,
+                                                      conformance::mla::mla_grid(false), 7);
+  int ran = 0;
+  for (const conformance::mla::MLAResult& r : results) {
+    EXPECT_TRUE(r.passed()) << r.describe();
+    ran += r.skipped ? 0 : 1;
+  }
+  EXPECT_GT(ran, 5);
 }
 
 // ---- the switch --------------------------------------------------------------------------------

@@ -45,6 +45,9 @@ struct MLAStepBuffers {
   Tensor chunk_out;     // (T, H, V)           one context chunk
   Tensor context_out;   // (T, H, V)           context chunks merged so far
   Tensor suffix_lse, chunk_lse, context_lse, merged_lse;  // (H, T) f32
+  // batch-invariant builders only (batched_gemm_fixed_rows), zeroed at allocation:
+  Tensor gemm_a_stage;  // (kFixedGemmRows * max(H * P, H * L),)
+  Tensor gemm_c_stage;  // (kFixedGemmRows * max(H * L, H * (P + V)),)
   size_t bytes() const;
 };
 
@@ -88,6 +91,20 @@ struct MutableMatrixRef {
 // is 1; enqueued on the current stream.
 void batched_gemm(Device device, int batch, int m, int n, int k, const MatrixRef& a,
                   const MatrixRef& b, const MutableMatrixRef& c);
+// The same product in launches of exactly kFixedGemmRows rows each (batch-invariant plans): the
+// GEMM under it (cuBLAS chooses its algorithm, and so each row's summation order, from the shape)
+// always sees one shape, so a row's result does not depend on how many rows share the call.
+//   m >= R: row chunks [i R, (i + 1) R), and for a tail the last R rows [m - R, m) once more (those
+//           rows are recomputed with the same bits);
+//   m < R:  A's m rows are copied into a_stage as (R, batch, k), the product goes to c_stage
+//           (R, batch, n) and its first m rows to C (the other staged rows hold zeros or stale
+//           values, which reach no other row).
+// a_stage / c_stage: contiguous, >= R * batch * k elements of a.dtype / R * batch * n of c.dtype,
+// on `device` (device_index for the views). A's innermost stride must be 1 when m < R.
+inline constexpr int kFixedGemmRows = 64;
+void batched_gemm_fixed_rows(Device device, int batch, int m, int n, int k, const MatrixRef& a,
+                             const MatrixRef& b, const MutableMatrixRef& c, const Tensor& a_stage,
+                             const Tensor& c_stage);
 // dst (d0, d1, d2) = src (d0, d1, d2), converting dtype (f32/f16/bf16); any strides, stride 0
 // allowed in src (broadcast). The innermost dim of both is contiguous.
 void copy_3d(const TensorView& src, const TensorView& dst);

@@ -9,6 +9,8 @@
 //            o_latent, lse      = forward_decode(q_latent, cache)      the backend
 //            out[:Td, h]        = o_latent[:, h] · W_UV[h]             batched_gemm (H, Td, V, L)
 //   prefill: kv_up  = kv_c[Td:] · w_kv                                 batched_gemm (1, Tp, H(P+V), L)
+//   (batch-invariant plans: the three products through batched_gemm_fixed_rows, one row count per
+//   launch, so a row's sums do not depend on the batch's token count)
 //            k_full = [kv_up[..., :P], k_pe broadcast over heads]      copy_3d x2 (head stride 0)
 //            new-token attention (causal) -> out, or suffix + LSE when any prefill has context
 //            per context chunk c: gather the cache rows (dequantized) -> up-project as above
@@ -258,23 +260,30 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
     buffers = &**lease;
   }
   MLAStepBuffers& ws = *buffers;
+  // Batch-invariant plans: every product in launches of one row count (batched_gemm_fixed_rows),
+  // so no row's sums depend on the batch's token count.
+  const auto gemm = [&](int batch, int m, int n, int k, const MatrixRef& a, const MatrixRef& b,
+                        const MutableMatrixRef& c) {
+    if (md.batch_invariant) {
+      batched_gemm_fixed_rows(dev, batch, m, n, k, a, b, c, ws.gemm_a_stage, ws.gemm_c_stage);
+    } else {
+      batched_gemm(dev, batch, m, n, k, a, b, c);
+    }
+  };
 
   // ---- decode: absorbed attention over the latent cache ----
   if (Td > 0) {
     const int td = static_cast<int>(Td);
     const TensorView q_lat = ws.q_latent.view().narrow(0, 0, Td);  // (Td, H, L+R):(H(L+R), L+R, 1)
-    batched_gemm(dev, static_cast<int>(H), td, static_cast<int>(L), static_cast<int>(P),
-                 MatrixRef{q.data(), dt, q.stride(1), q.stride(0), 1},
-                 MatrixRef{w_uk_.data(), dt, P * L, L, 1},
-                 MutableMatrixRef{q_lat.data(), dt, L + R, H * (L + R)});
+    gemm(static_cast<int>(H), td, static_cast<int>(L), static_cast<int>(P),
+         MatrixRef{q.data(), dt, q.stride(1), q.stride(0), 1}, MatrixRef{w_uk_.data(), dt, P * L, L, 1},
+         MutableMatrixRef{q_lat.data(), dt, L + R, H * (L + R)});
     copy_3d(q.narrow(0, 0, Td).narrow(2, P, R), q_lat.narrow(2, L, R));
     const TensorView o_lat = ws.o_latent.view().narrow(0, 0, Td);  // (Td, H, L):(HL, L, 1)
     const TensorView lse = output_lse.defined() ? output_lse.narrow(1, 0, Td) : TensorView{};
     forward_decode(scales, q_lat, kv_cache, md, o_lat, lse);
-    batched_gemm(dev, static_cast<int>(H), td, static_cast<int>(V), static_cast<int>(L),
-                 MatrixRef{o_lat.data(), dt, L, H * L, 1},
-                 MatrixRef{w_uv_.data(), dt, L * V, V, 1},
-                 MutableMatrixRef{out.data(), dt, out.stride(1), out.stride(0)});
+    gemm(static_cast<int>(H), td, static_cast<int>(V), static_cast<int>(L), MatrixRef{o_lat.data(), dt, L, H * L, 1},
+         MatrixRef{w_uv_.data(), dt, L * V, V, 1}, MutableMatrixRef{out.data(), dt, out.stride(1), out.stride(0)});
   }
   if (Tp == 0) return;
   PAGEDATTN_CHECK(md.prefill.has_value(), "metadata", kWho,
@@ -287,9 +296,8 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
   // (pe (rows, R) with row stride pe_stride) into kv_up[:rows] and k_full[:rows].
   const auto up_project = [&](const void* kv, int64_t kv_stride, const void* pe, int64_t pe_stride,
                               int64_t rows) {
-    batched_gemm(dev, 1, static_cast<int>(rows), static_cast<int>(HPV), static_cast<int>(L),
-                 MatrixRef{kv, dt, 0, kv_stride, 1}, MatrixRef{w_kv_.data(), dt, 0, HPV, 1},
-                 MutableMatrixRef{ws.kv_up.data(), dt, 0, HPV});
+    gemm(1, static_cast<int>(rows), static_cast<int>(HPV), static_cast<int>(L), MatrixRef{kv, dt, 0, kv_stride, 1},
+         MatrixRef{w_kv_.data(), dt, 0, HPV, 1}, MutableMatrixRef{ws.kv_up.data(), dt, 0, HPV});
     const TensorView kv_up = ws.kv_up.view().narrow(0, 0, rows);   // (rows, H, P+V)
     const TensorView k_full = ws.k_full.view().narrow(0, 0, rows); // (rows, H, P+R)
     copy_3d(kv_up.narrow(2, 0, P), k_full.narrow(2, 0, P));

@@ -25,7 +25,7 @@ size_t MLAStepBuffers::bytes() const {
   size_t total = 0;
   for (const Tensor* t : {&q_latent, &o_latent, &decode_lse, &gather, &kv_up, &k_full, &suffix_out,
                           &chunk_out, &context_out, &suffix_lse, &chunk_lse, &context_lse,
-                          &merged_lse}) {
+                          &merged_lse, &gemm_a_stage, &gemm_c_stage}) {
     total += t->nbytes();
   }
   return total;
@@ -75,6 +75,13 @@ std::unique_ptr<MLAStepBuffers> make_step_buffers(const BuilderConfig& c, int64_
   b->chunk_lse = Tensor(Shape{h, t}, DType::f32, device);
   b->context_lse = Tensor(Shape{h, t}, DType::f32, device);
   b->merged_lse = Tensor(Shape{h, t}, DType::f32, device);
+  if (c.batch_invariant) {  // mla::batched_gemm_fixed_rows
+    const int64_t stage_rows = kFixedGemmRows;
+    b->gemm_a_stage = Tensor(Shape{stage_rows * std::max(h * p, h * l)}, a, device);
+    b->gemm_c_stage = Tensor(Shape{stage_rows * std::max(h * l, h * (p + v))}, a, device);
+    b->gemm_a_stage.fill_bytes(0);
+    b->gemm_c_stage.fill_bytes(0);
+  }
   return b;
 }
 

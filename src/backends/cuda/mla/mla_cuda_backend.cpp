@@ -298,7 +298,7 @@ class CudaMlaBackend final : public MLABackend {
     caps.kv_cache_dtypes.assign(std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes));
     caps.head_sizes = {md::kLatent};
     caps.attn_types = {AttentionType::decoder};
-    caps.features = {"mla", "lse", "split_kv"};
+    caps.features = {"mla", "lse", "split_kv", "batch_invariant"};
     return caps;
   }
 };
