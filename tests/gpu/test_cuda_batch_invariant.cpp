@@ -4,13 +4,17 @@
 // (conformance/batch_invariance.h) on CUDA (the warp-specialized kernel at head size 128, mma.sync
 // at 96, an fp8 cache, a sliding window) and CUDA_MLA (16 heads: the mma.sync kernel; 128 heads:
 // the wgmma kernel). The default mode is shown NOT invariant on the same CUDA pool, so the check
-// can fail. Skips without a GPU.
+// can fail. And the mode computes the same attention: the CI conformance grids of CUDA and
+// CUDA_MLA against the fp64 oracles with every builder in the mode. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "conformance/batch_invariance.h"
+#include "conformance/env_guard.h"
+#include "conformance/harness.h"
+#include "conformance/mla_harness.h"
 #include "gpu_test_util.h"
 
 namespace pagedattn {
@@ -118,6 +122,32 @@ TEST(CudaMlaBatchInvariant, SixteenHeads) {
 TEST(CudaMlaBatchInvariant, HundredTwentyEightHeads) {
   PAGEDATTN_REQUIRE_GPU();
   expect_invariant(backend_named("CUDA_MLA"), mla_case(128), 202);
+}
+
+TEST(CudaBatchInvariantConformance, CudaGrid) {
+  PAGEDATTN_REQUIRE_GPU();
+  conformance::EnvGuard env(kBatchInvariantEnv, "1");
+  int ran = 0;
+  for (const conformance::ConformanceCase& c : conformance::conformance_grid(false)) {
+    if (!conformance::unsupported_reasons(cuda_backend(), Device::cuda, c).empty()) continue;
+    const conformance::ConformanceResult result = conformance::run_case(cuda_backend(), Device::cuda, c, 7);
+    EXPECT_TRUE(result.passed()) << result.describe();
+    EXPECT_FALSE(result.used_cascade) << result.describe();
+    ++ran;
+  }
+  EXPECT_GT(ran, 10);
+}
+
+TEST(CudaBatchInvariantConformance, CudaMlaGrid) {
+  PAGEDATTN_REQUIRE_GPU();
+  conformance::EnvGuard env(kBatchInvariantEnv, "1");
+  int ran = 0;
+  for (const conformance::mla::MLAResult& r : conformance::mla::run_mla_grid(
+           backend_named("CUDA_MLA"), "", Device::cuda, conformance::mla::mla_grid(false), 7)) {
+    EXPECT_TRUE(r.passed()) << r.describe();
+    ran += r.skipped ? 0 : 1;
+  }
+  EXPECT_GT(ran, 2);
 }
 
 }  // namespace
