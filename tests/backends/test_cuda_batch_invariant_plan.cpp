@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/attention/planner.h"
@@ -35,6 +36,19 @@ PlannerConfig invariant_config(int resident_ctas, int decode_resident_ctas) {
 struct Request {
   int query_len, seq_len;
 };
+
+// A random subset of the pool's other requests with pool[target] inserted at a random position;
+// returns the batch and that position.
+template <class T>
+std::pair<std::vector<T>, size_t> random_batch_with(const std::vector<T>& pool, size_t target, std::mt19937_64& rng) {
+  std::vector<T> batch;
+  for (size_t r = 0; r < pool.size(); ++r) {
+    if (r != target && rng() % 2 == 0) batch.push_back(pool[r]);
+  }
+  const size_t position = rng() % (batch.size() + 1);
+  batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(position), pool[target]);
+  return {batch, position};
+}
 
 // What the items of one request compute: (kv head, rows, keys, flags, writes a partial), sorted.
 using ItemKey = std::tuple<int, int, int, int, int, int, bool>;
@@ -66,12 +80,7 @@ TEST(CudaBatchInvariantPlan, ARequestsItemsDoNotDependOnTheBatch) {
     const std::vector<ItemKey> alone = items_of(plan_of(invariant_config(132, 396), {pool[target]}), 0);
     ASSERT_FALSE(alone.empty());
     for (int trial = 0; trial < 50; ++trial) {
-      std::vector<Request> batch;
-      for (size_t r = 0; r < pool.size(); ++r) {
-        if (r != target && rng() % 2 == 0) batch.push_back(pool[r]);
-      }
-      const size_t position = rng() % (batch.size() + 1);
-      batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(position), pool[target]);
+      const auto [batch, position] = random_batch_with(pool, target, rng);
       const int resident = 1 + static_cast<int>(rng() % 600);
       const AttentionPlan plan = plan_of(invariant_config(resident, 3 * resident), batch);
       EXPECT_FALSE(plan.decode_kernel);
@@ -154,12 +163,7 @@ TEST(CudaMlaBatchInvariantPlan, ARequestsSegmentsDoNotDependOnTheBatch) {
     const int64_t tiles = (pool[target] + 63) / 64;
     EXPECT_EQ(expected.size(), static_cast<size_t>(std::max<int64_t>(1, (tiles + 31) / 32)));
     for (int trial = 0; trial < 50; ++trial) {
-      std::vector<int32_t> batch;
-      for (size_t r = 0; r < pool.size(); ++r) {
-        if (r != target && rng() % 2 == 0) batch.push_back(pool[r]);
-      }
-      const size_t position = rng() % (batch.size() + 1);
-      batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(position), pool[target]);
+      const auto [batch, position] = random_batch_with(pool, target, rng);
       const int parts = 1 + static_cast<int>(rng() % 200);
       const md::Plan plan = md::make_fixed_plan(batch, md::kBatchInvariantSplitTiles, parts);
       EXPECT_EQ(segments_of(plan, static_cast<int>(position)), expected) << target << " at " << position;

@@ -1,6 +1,11 @@
 // Batch-invariance harness (see batch_invariance.h).
 #include "conformance/batch_invariance.h"
 
+#include <gtest/gtest.h>
+
+#include "conformance/env_guard.h"
+#include "conformance/mla_harness.h"
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -198,6 +203,18 @@ class Harness {
     return config;
   }
 
+  // The layer parameters both layer kinds share.
+  template <class Params>
+  void set_common_params(Params& p, const AttentionBackend& backend, const char* prefix) const {
+    p.num_heads = c_.num_heads;
+    p.kv_cache_dtype = c_.kv_cache_dtype;
+    p.block_size = c_.block_size;
+    p.dtype = c_.dtype;
+    p.device = device_;
+    p.backend = std::string(backend.name());
+    p.prefix = prefix;
+  }
+
   // One request's new-token inputs, random, in the activation dtype.
   void add_inputs(std::initializer_list<Shape> shapes) {
     std::vector<Tensor> tensors;
@@ -207,16 +224,10 @@ class Harness {
 
   void make_standard_layer(const AttentionBackend& backend) {
     AttentionLayerParams p;
-    p.num_heads = c_.num_heads;
+    set_common_params(p, backend, "invariance.attn");
     p.head_size = c_.head_size;
     p.num_kv_heads = c_.num_kv_heads;
     p.sliding_window = c_.sliding_window;
-    p.kv_cache_dtype = c_.kv_cache_dtype;
-    p.block_size = c_.block_size;
-    p.dtype = c_.dtype;
-    p.device = device_;
-    p.backend = std::string(backend.name());
-    p.prefix = "invariance.attn";
     auto layer = std::make_shared<Attention>(p);
     layer_.backend = &layer->backend();
     layer_.spec = layer->kv_cache_spec();
@@ -251,18 +262,12 @@ class Harness {
   void make_mla_layer(const AttentionBackend& backend) {
     const MLADimensions& d = c_.mla_dims;
     MLAAttentionLayerParams p;
-    p.num_heads = c_.num_heads;
+    set_common_params(p, backend, "invariance.mla");
     p.kv_lora_rank = d.kv_lora_rank;
     p.qk_nope_head_dim = d.qk_nope_head_dim;
     p.qk_rope_head_dim = d.qk_rope_head_dim;
     p.qk_head_dim = d.qk_head_dim();
     p.v_head_dim = d.v_head_dim;
-    p.kv_cache_dtype = c_.kv_cache_dtype;
-    p.block_size = c_.block_size;
-    p.dtype = c_.dtype;
-    p.device = device_;
-    p.backend = std::string(backend.name());
-    p.prefix = "invariance.mla";
     auto layer = std::make_shared<MLAAttention>(p);
     const int64_t h = c_.num_heads;
     layer->process_weights_after_loading(
@@ -431,6 +436,43 @@ InvarianceReport check_batch_invariance(const AttentionBackend& backend, Device 
   }
   report.min_appearances = *std::min_element(appearances.begin(), appearances.end());
   return report;
+}
+
+void expect_batch_invariant(const AttentionBackend& backend, Device device, const InvarianceCase& c,
+                            uint64_t seed) {
+  const InvarianceReport report = check_batch_invariance(backend, device, c, seed);
+  EXPECT_TRUE(report.invariant()) << backend.name() << " " << c.describe() << "\n" << report.describe();
+  EXPECT_GE(report.min_appearances, c.compositions) << report.describe();
+  EXPECT_GT(report.decode_only_batches, 0) << report.describe();
+  EXPECT_GT(report.mixed_batches, 0) << report.describe();
+}
+
+const AttentionBackend& registered_backend(const char* name) {
+  const AttentionBackend* backend = find_backend(name);
+  if (backend == nullptr) throw Error("name", detail::concat(name, " is not registered"));
+  return *backend;
+}
+
+ModeConformance conformance_in_the_mode(const AttentionBackend& backend, Device device, bool mla,
+                                        bool full_mla_grid) {
+  EnvGuard env(kBatchInvariantEnv, "1");
+  ModeConformance out;
+  if (mla) {
+    for (const mla::MLAResult& r : mla::run_mla_grid(backend, "", device, mla::mla_grid(full_mla_grid), 7)) {
+      out.ran += r.skipped ? 0 : 1;
+      if (!r.passed()) out.failures.push_back(r.describe());
+    }
+    return out;
+  }
+  for (const ConformanceCase& c : conformance_grid(false)) {
+    if (!unsupported_reasons(backend, device, c).empty()) continue;
+    const ConformanceResult r = run_case(backend, device, c, 7);
+    ++out.ran;
+    if (!r.passed() || r.used_cascade) {
+      out.failures.push_back((r.used_cascade ? "took the cascade path: " : "") + r.describe());
+    }
+  }
+  return out;
 }
 
 }  // namespace pagedattn::conformance::invariance

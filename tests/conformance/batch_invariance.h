@@ -58,4 +58,23 @@ InvarianceReport check_batch_invariance(const AttentionBackend& backend, Device 
                                         const InvarianceCase& c, uint64_t seed,
                                         bool batch_invariant = true);
 
+// GoogleTest expectations on check_batch_invariance(backend, device, c, seed): no request differs,
+// each was checked in >= c.compositions batches, decode-only and mixed batches among them.
+void expect_batch_invariant(const AttentionBackend& backend, Device device, const InvarianceCase& c,
+                            uint64_t seed);
+
+// The registered backend called `name` (Error naming "name" when there is none).
+const AttentionBackend& registered_backend(const char* name);
+
+// The mode computes the same attention: `backend` on `device` over the CI conformance grid (mla:
+// the MLA grid, the larger one with full_mla_grid) against the fp64 oracle, with every builder in
+// the mode (PAGEDATTN_BATCH_INVARIANT=1 for the call). Cases the backend rejects are skipped; a
+// case that fails, or a plan that took the cascade path, is described in `failures`.
+struct ModeConformance {
+  int ran = 0;
+  std::vector<std::string> failures;
+};
+ModeConformance conformance_in_the_mode(const AttentionBackend& backend, Device device, bool mla,
+                                        bool full_mla_grid = false);
+
 }  // namespace pagedattn::conformance::invariance

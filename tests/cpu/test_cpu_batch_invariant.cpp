@@ -6,7 +6,6 @@
 // off in the mode.
 #include <gtest/gtest.h>
 
-#include <ostream>
 #include <string>
 #include <vector>
 
@@ -14,8 +13,7 @@
 #include "../../src/backends/cpu/cpu_internal.h"
 #include "conformance/batch_invariance.h"
 #include "conformance/env_guard.h"
-#include "conformance/harness.h"
-#include "conformance/mla_harness.h"
+#include "cpu_kernel_paths.h"
 
 namespace pagedattn::cpu {
 namespace {
@@ -25,12 +23,7 @@ using conformance::RequestShape;
 using conformance::invariance::check_batch_invariance;
 using conformance::invariance::InvarianceCase;
 using conformance::invariance::InvarianceReport;
-
-const AttentionBackend& backend_named(const char* name) {
-  const AttentionBackend* backend = find_backend(name);
-  if (backend == nullptr) throw Error("name", detail::concat(name, " is not registered"));
-  return *backend;
-}
+using conformance::invariance::registered_backend;
 
 // Decodes over short and long contexts (long ones are split-KV candidates in the default mode),
 // a speculative decode, prefills longer than a q tile, a chunked prefill with context.
@@ -52,39 +45,11 @@ InvarianceCase gqa_case() {
 }
 
 void expect_invariant(const AttentionBackend& backend, const InvarianceCase& c, uint64_t seed) {
-  const InvarianceReport report = check_batch_invariance(backend, Device::cpu, c, seed);
-  EXPECT_TRUE(report.invariant()) << backend.name() << " " << c.describe() << "\n" << report.describe();
-  EXPECT_GE(report.min_appearances, c.compositions) << report.describe();
-  EXPECT_GT(report.decode_only_batches, 0) << report.describe();
-  EXPECT_GT(report.mixed_batches, 0) << report.describe();
+  conformance::invariance::expect_batch_invariant(backend, Device::cpu, c, seed);
 }
 
-struct KernelPath {
-  Isa isa;
-  bool emulated_amx;
-};
-
-void PrintTo(const KernelPath& path, std::ostream* os) {
-  *os << (path.emulated_amx ? "amx_emulated" : isa_name(path.isa));
-}
-
-class CpuBatchInvariant : public ::testing::TestWithParam<KernelPath> {
- protected:
-  void SetUp() override {
-    if (GetParam().emulated_amx) {
-      const KernelTable* table = amx_emulated_kernel_table();
-      if (table == nullptr || !isa_supported(Isa::avx512)) GTEST_SKIP() << "needs avx512";
-      set_kernel_table_override(table);
-      return;
-    }
-    if (!isa_supported(GetParam().isa)) GTEST_SKIP() << isa_name(GetParam().isa) << " is not available here";
-    set_isa_override(GetParam().isa);
-  }
-  void TearDown() override {
-    set_kernel_table_override(nullptr);
-    clear_isa_override();
-  }
-};
+// Every kernel path this machine runs (cpu_kernel_paths.h).
+class CpuBatchInvariant : public KernelPathTest {};
 
 TEST_P(CpuBatchInvariant, GqaBf16) { expect_invariant(cpu_backend(), gqa_case(), 11); }
 
@@ -112,15 +77,7 @@ TEST_P(CpuBatchInvariant, SlidingWindowF16Mqa) {
   expect_invariant(cpu_backend(), c, 13);
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, CpuBatchInvariant,
-                         ::testing::Values(KernelPath{Isa::scalar, false}, KernelPath{Isa::avx2, false},
-                                           KernelPath{Isa::avx512f, false},
-                                           KernelPath{Isa::avx512, false}, KernelPath{Isa::amx, false},
-                                           KernelPath{Isa::amx, true}),
-                         [](const ::testing::TestParamInfo<KernelPath>& info) {
-                           return std::string(info.param.emulated_amx ? "amx_emulated"
-                                                                      : isa_name(info.param.isa));
-                         });
+INSTANTIATE_TEST_SUITE_P(Paths, CpuBatchInvariant, every_kernel_path(), kernel_path_name);
 
 // The check finds what the default mode changes: split-KV follows the batch and the threads.
 TEST(CpuBatchInvariantControl, DefaultModeDiffers) {
@@ -134,7 +91,7 @@ TEST(CpuBatchInvariantControl, DefaultModeDiffers) {
 TEST(ReferenceBatchInvariant, Bf16Gqa) {
   InvarianceCase c = gqa_case();
   c.pool = {{900, 1}, {300, 1}, {0, 1}, {200, 3}, {0, 60}, {100, 20}};
-  expect_invariant(backend_named("REFERENCE"), c, 21);
+  expect_invariant(registered_backend("REFERENCE"), c, 21);
 }
 
 InvarianceCase mla_case() {
@@ -155,19 +112,19 @@ InvarianceCase mla_case() {
   return c;
 }
 
-TEST(CpuMlaBatchInvariant, Bf16) { expect_invariant(backend_named("CPU_MLA"), mla_case(), 31); }
+TEST(CpuMlaBatchInvariant, Bf16) { expect_invariant(registered_backend("CPU_MLA"), mla_case(), 31); }
 
 TEST(CpuMlaBatchInvariant, F32Fp8Cache) {
   InvarianceCase c = mla_case();
   c.dtype = DType::f32;
   c.kv_cache_dtype = "fp8";
-  expect_invariant(backend_named("CPU_MLA"), c, 32);
+  expect_invariant(registered_backend("CPU_MLA"), c, 32);
 }
 
 TEST(CpuMlaBatchInvariantControl, DefaultModeDiffers) {
   InvarianceCase c = mla_case();
   c.compositions = 5;
-  const InvarianceReport report = check_batch_invariance(backend_named("CPU_MLA"), Device::cpu, c,
+  const InvarianceReport report = check_batch_invariance(registered_backend("CPU_MLA"), Device::cpu, c,
                                                          31, /*batch_invariant=*/false);
   EXPECT_FALSE(report.invariant()) << report.describe();
 }
@@ -177,7 +134,7 @@ TEST(ReferenceMlaBatchInvariant, F32) {
   c.dtype = DType::f32;
   c.pool = {{500, 1}, {90, 1}, {0, 1}, {0, 30}, {200, 12}, {60, 20}};
   c.mla_workspace_tokens = static_cast<int64_t>(c.pool.size()) * 2 * c.block_size;
-  expect_invariant(backend_named("REFERENCE_MLA"), c, 41);
+  expect_invariant(registered_backend("REFERENCE_MLA"), c, 41);
 }
 
 // ---- the mode computes the same attention ----------------------------------------------------
@@ -185,30 +142,16 @@ TEST(ReferenceMlaBatchInvariant, F32) {
 // (PAGEDATTN_BATCH_INVARIANT=1): the CPU (its request-local plans, no cascade even where the grid
 // asks for it) and CPU_MLA (fixed context chunks, no split, the fixed-row GEMMs).
 
-TEST(BatchInvariantConformance, CpuGrid) {
-  EnvGuard env(kBatchInvariantEnv, "1");
-  int ran = 0;
-  for (const conformance::ConformanceCase& c : conformance::conformance_grid(false)) {
-    if (!conformance::unsupported_reasons(cpu_backend(), Device::cpu, c).empty()) continue;
-    const conformance::ConformanceResult result = conformance::run_case(cpu_backend(), Device::cpu, c, 7);
-    EXPECT_TRUE(result.passed()) << result.describe();
-    EXPECT_FALSE(result.used_cascade) << result.describe();
-    ++ran;
-  }
-  EXPECT_GT(ran, 20);
+void expect_conformant_in_the_mode(const AttentionBackend& backend, bool mla, int at_least) {
+  const conformance::invariance::ModeConformance result =
+      conformance::invariance::conformance_in_the_mode(backend, Device::cpu, mla);
+  EXPECT_GE(result.ran, at_least) << backend.name();
+  for (const std::string& failure : result.failures) ADD_FAILURE() << failure;
 }
 
-TEST(BatchInvariantConformance, CpuMlaGrid) {
-  EnvGuard env(kBatchInvariantEnv, "1");
-  const auto results = conformance::mla::run_mla_grid(backend_named("CPU_MLA"), "", Device::cpu,
-                                                      conformance::mla::mla_grid(false), 7);
-  int ran = 0;
-  for (const conformance::mla::MLAResult& r : results) {
-    EXPECT_TRUE(r.passed()) << r.describe();
-    ran += r.skipped ? 0 : 1;
-  }
-  EXPECT_GT(ran, 5);
-}
+TEST(BatchInvariantConformance, CpuGrid) { expect_conformant_in_the_mode(cpu_backend(), false, 20); }
+
+TEST(BatchInvariantConformance, CpuMlaGrid) { expect_conformant_in_the_mode(registered_backend("CPU_MLA"), true, 5); }
 
 // ---- the switch --------------------------------------------------------------------------------
 
@@ -242,7 +185,7 @@ TEST(BatchInvariantSwitch, CascadeOffInTheMode) {
   const OwnedCommonAttentionMetadata batch = shared_prefix_batch();
   for (const char* name : {"CPU", "REFERENCE"}) {
     for (bool invariant : {false, true}) {
-      auto builder = backend_named(name).make_builder(small_spec(), small_config(invariant), Device::cpu);
+      auto builder = registered_backend(name).make_builder(small_spec(), small_config(invariant), Device::cpu);
       EXPECT_EQ(builder->supports_cascade(), !invariant) << name;
       const auto plan = builder->build(32, batch.common);
       EXPECT_EQ(plan->use_cascade, !invariant) << name << " batch_invariant = " << invariant;

@@ -15,6 +15,7 @@
 #include "../../src/backends/cpu/cpu_backend.h"
 #include "../../src/backends/cpu/cpu_internal.h"
 #include "conformance/env_guard.h"
+#include "cpu_kernel_paths.h"
 #include "conformance/harness.h"
 
 namespace pagedattn::cpu {
@@ -26,50 +27,16 @@ using conformance::RequestShape;
 
 using conformance::EnvGuard;
 
-// A kernel path: an ISA, or the AMX kernels with the tile unit emulated in software (runs
-// wherever avx512 does, so machines without AMX still check the AMX tiling and layouts).
-struct KernelPath {
-  Isa isa;
-  bool emulated_amx;
-};
-
-void PrintTo(const KernelPath& path, std::ostream* os) {
-  *os << (path.emulated_amx ? "amx_emulated" : isa_name(path.isa));
-}
-
-class CpuIsa : public ::testing::TestWithParam<KernelPath> {
+// Every kernel path this machine runs (cpu_kernel_paths.h).
+class CpuIsa : public KernelPathTest {
  protected:
-  void SetUp() override {
-    if (GetParam().emulated_amx) {
-      const KernelTable* table = amx_emulated_kernel_table();
-      if (table == nullptr || !isa_supported(Isa::avx512)) GTEST_SKIP() << "needs avx512";
-      set_kernel_table_override(table);
-      return;
-    }
-    if (!isa_supported(GetParam().isa)) GTEST_SKIP() << isa_name(GetParam().isa) << " is not available here";
-    set_isa_override(GetParam().isa);
-  }
-  void TearDown() override {
-    set_kernel_table_override(nullptr);
-    clear_isa_override();
-  }
-
   static void expect_matches(const ConformanceCase& c, uint64_t seed) {
     const ConformanceResult result = conformance::run_case(cpu_backend(), Device::cpu, c, seed);
     EXPECT_TRUE(result.passed()) << active_kernels().name << ": " << result.describe();
   }
 };
 
-std::string isa_param_name(const ::testing::TestParamInfo<KernelPath>& info) {
-  return info.param.emulated_amx ? "amx_emulated" : isa_name(info.param.isa);
-}
-
-INSTANTIATE_TEST_SUITE_P(Paths, CpuIsa,
-                         ::testing::Values(KernelPath{Isa::scalar, false}, KernelPath{Isa::avx2, false},
-                                           KernelPath{Isa::avx512f, false},
-                                           KernelPath{Isa::avx512, false}, KernelPath{Isa::amx, false},
-                                           KernelPath{Isa::amx, true}),
-                         isa_param_name);
+INSTANTIATE_TEST_SUITE_P(Paths, CpuIsa, every_kernel_path(), kernel_path_name);
 
 TEST_P(CpuIsa, SupportsAndMatchesEveryCaseOfTheConformanceGrid) {
   const std::vector<ConformanceCase> grid = conformance::conformance_grid();

@@ -17,6 +17,7 @@
 #include "../../src/backends/cpu/cpu_internal.h"
 #include "../../src/backends/cpu/cpu_mla_backend.h"
 #include "../../src/backends/cpu/cpu_mla_prefill.h"
+#include "cpu_kernel_paths.h"
 #include "conformance/mla_harness.h"
 #include "pagedattn/pagedattn.h"
 
@@ -84,45 +85,10 @@ double lse_max_diff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
-// A kernel path: an ISA forced through the override, or the AMX kernels on the emulated tile
-// unit (wherever avx512 runs), as test_cpu_conformance.cpp.
-struct KernelPath {
-  Isa isa;
-  bool emulated_amx;
-};
+// Every kernel path (cpu_kernel_paths.h), as test_cpu_conformance.cpp.
+class CpuMlaPath : public KernelPathTest {};
 
-void PrintTo(const KernelPath& path, std::ostream* os) {
-  *os << (path.emulated_amx ? "amx_emulated" : isa_name(path.isa));
-}
-
-class CpuMlaPath : public ::testing::TestWithParam<KernelPath> {
- protected:
-  void SetUp() override {
-    if (GetParam().emulated_amx) {
-      const KernelTable* table = amx_emulated_kernel_table();
-      if (table == nullptr || !isa_supported(Isa::avx512)) GTEST_SKIP() << "needs avx512";
-      set_kernel_table_override(table);
-      return;
-    }
-    if (!isa_supported(GetParam().isa)) GTEST_SKIP() << isa_name(GetParam().isa) << " is not available here";
-    set_isa_override(GetParam().isa);
-  }
-  void TearDown() override {
-    set_kernel_table_override(nullptr);
-    clear_isa_override();
-  }
-};
-
-std::string path_name(const ::testing::TestParamInfo<KernelPath>& info) {
-  return info.param.emulated_amx ? "amx_emulated" : isa_name(info.param.isa);
-}
-
-INSTANTIATE_TEST_SUITE_P(Paths, CpuMlaPath,
-                         ::testing::Values(KernelPath{Isa::scalar, false}, KernelPath{Isa::avx2, false},
-                                           KernelPath{Isa::avx512f, false},
-                                           KernelPath{Isa::avx512, false}, KernelPath{Isa::amx, false},
-                                           KernelPath{Isa::amx, true}),
-                         path_name);
+INSTANTIATE_TEST_SUITE_P(Paths, CpuMlaPath, every_kernel_path(), kernel_path_name);
 
 struct PrefillShape {
   int num_heads, nope, rope, v;

@@ -13,9 +13,6 @@
 #include <vector>
 
 #include "conformance/batch_invariance.h"
-#include "conformance/env_guard.h"
-#include "conformance/harness.h"
-#include "conformance/mla_harness.h"
 #include "gpu_test_util.h"
 
 namespace pagedattn {
@@ -25,19 +22,10 @@ using conformance::RequestShape;
 using conformance::invariance::check_batch_invariance;
 using conformance::invariance::InvarianceCase;
 using conformance::invariance::InvarianceReport;
-
-const AttentionBackend& backend_named(const char* name) {
-  const AttentionBackend* backend = find_backend(name);
-  if (backend == nullptr) throw Error("name", detail::concat(name, " is not registered"));
-  return *backend;
-}
+using conformance::invariance::registered_backend;
 
 void expect_invariant(const AttentionBackend& backend, const InvarianceCase& c, uint64_t seed) {
-  const InvarianceReport report = check_batch_invariance(backend, Device::cuda, c, seed);
-  EXPECT_TRUE(report.invariant()) << backend.name() << " " << c.describe() << "\n" << report.describe();
-  EXPECT_GE(report.min_appearances, c.compositions) << report.describe();
-  EXPECT_GT(report.decode_only_batches, 0) << report.describe();
-  EXPECT_GT(report.mixed_batches, 0) << report.describe();
+  conformance::invariance::expect_batch_invariant(backend, Device::cuda, c, seed);
 }
 
 // Decodes over short and long contexts (5000 and 9000 keys: three and five fixed 2048-key chunks;
@@ -117,38 +105,30 @@ InvarianceCase mla_case(int num_heads) {
 
 TEST(CudaMlaBatchInvariant, SixteenHeads) {
   PAGEDATTN_REQUIRE_GPU();
-  expect_invariant(backend_named("CUDA_MLA"), mla_case(16), 201);
+  expect_invariant(registered_backend("CUDA_MLA"), mla_case(16), 201);
 }
 
 TEST(CudaMlaBatchInvariant, HundredTwentyEightHeads) {
   PAGEDATTN_REQUIRE_GPU();
-  expect_invariant(backend_named("CUDA_MLA"), mla_case(128), 202);
+  expect_invariant(registered_backend("CUDA_MLA"), mla_case(128), 202);
+}
+
+void expect_conformant_in_the_mode(const AttentionBackend& backend, bool mla) {
+  const conformance::invariance::ModeConformance result =
+      conformance::invariance::conformance_in_the_mode(backend, Device::cuda, mla, /*full_mla_grid=*/true);
+  // CUDA_MLA runs the DeepSeek-dim cases of the full MLA grid (its kernels are built for L 512, R 64).
+  EXPECT_GT(result.ran, 0) << backend.name();
+  for (const std::string& failure : result.failures) ADD_FAILURE() << failure;
 }
 
 TEST(CudaBatchInvariantConformance, CudaGrid) {
   PAGEDATTN_REQUIRE_GPU();
-  conformance::EnvGuard env(kBatchInvariantEnv, "1");
-  int ran = 0;
-  for (const conformance::ConformanceCase& c : conformance::conformance_grid(false)) {
-    if (!conformance::unsupported_reasons(cuda_backend(), Device::cuda, c).empty()) continue;
-    const conformance::ConformanceResult result = conformance::run_case(cuda_backend(), Device::cuda, c, 7);
-    EXPECT_TRUE(result.passed()) << result.describe();
-    EXPECT_FALSE(result.used_cascade) << result.describe();
-    ++ran;
-  }
-  EXPECT_GT(ran, 0);
+  expect_conformant_in_the_mode(cuda_backend(), false);
 }
 
 TEST(CudaBatchInvariantConformance, CudaMlaGrid) {
   PAGEDATTN_REQUIRE_GPU();
-  conformance::EnvGuard env(kBatchInvariantEnv, "1");
-  int ran = 0;
-  for (const conformance::mla::MLAResult& r : conformance::mla::run_mla_grid(
-           backend_named("CUDA_MLA"), "", Device::cuda, conformance::mla::mla_grid(true), 7)) {
-    EXPECT_TRUE(r.passed()) << r.describe();
-    ran += r.skipped ? 0 : 1;
-  }
-  EXPECT_GT(ran, 0);  // CUDA_MLA runs the DeepSeek-dim cases (its kernels are built for L 512, R 64)
+  expect_conformant_in_the_mode(registered_backend("CUDA_MLA"), true);
 }
 
 }  // namespace
