@@ -65,18 +65,18 @@
 
 namespace pagedattn::cuda {
 
-// kFp8: an fp8 e4m3 cache on the 8-bit wgmma (ws_e4m3.cuh): K, V^T and the quantised Q of D bytes
-// a row, a V staging buffer of 2 tiles, 2 Q buffers (their row scales after them).
+// kFp8: an fp8 e4m3 cache on the 8-bit wgmma (ws_e4m3.cuh): K and V^T tiles of D bytes a row, a
+// staging ring of kStagingSlots V tiles as copied, the 16-bit Q buffer and a consumer's e4m3 Q tile.
 template <int D, bool kFp8 = false>
 struct WsTraits {
   static constexpr bool kSupported = kFp8 ? ws_e4m3_head_size(D) : ws_kernel_head_size(D);
   static constexpr bool kE4m3 = kFp8;
   static constexpr int kHeadSize = D;
-  static constexpr int kElemBytes = kFp8 ? 1 : 2;  // K, V and Q in shared memory
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;  // K and V in shared memory
   static constexpr int kThreads = 384;
   // Register split, producer + 2 x consumer = 3 x 168 (the launch bound's budget): D = 64's
   // consumers hold half the O registers, so its producer gets 56 (40 spilled its fast copy path);
-  // so does the fp8 producer (Q quantisation, V transpose), whose consumers hold half the P.
+  // the fp8 producer (V transposes) gets 64, its consumers hold half the P and the Q fragments.
   static constexpr int kProducerRegs = kFp8 ? 64 : D == 64 ? 56 : 40;
   static constexpr int kConsumerRegs = kFp8 ? 216 : D == 64 ? 224 : 232;
   static constexpr int kRows = 128;          // packed rows of an item (64 a consumer)
@@ -85,22 +85,27 @@ struct WsTraits {
   static constexpr int kKeys = D == 256 ? 64 : 128;
   static constexpr int kScoreTiles = kKeys / 8;   // n8 column blocks of S
   static constexpr int kPvSteps = kKeys / (kFp8 ? 32 : 16);  // k16 (k32) steps of P . V
-  static constexpr int kColBlocks = D * kElemBytes / 128;   // 128-byte column blocks of a row
-  static constexpr int kQTileBytes = kColBlocks * 64 * 128;     // one consumer's 64 rows
+  static constexpr int kColBlocks = D * kElemBytes / 128;   // 128-byte column blocks of a K / V row
+  static constexpr int kQTileBytes = D / 64 * 64 * 128;     // one consumer's 64 rows (16-bit)
   static constexpr int kQBytes = 2 * kQTileBytes;
   static constexpr int kKvTileBytes = kColBlocks * kKeys * 128;  // kKeys keys x D (fp8: also V^T, D x kKeys)
   static_assert(!kFp8 || !kSupported || D == kKeys, "the fp8 V^T tile has the K tile's shape");
   static constexpr int kStageBytes = 2 * kKvTileBytes;
-  static constexpr int kQBuffers = D == 64 || kFp8 ? 2 : 1;
-  static constexpr int kStages = kFp8 ? 5 : D == 64 ? 4 : D == 128 ? 3 : 2;
+  static constexpr int kQBuffers = D == 64 ? 2 : 1;
+  static constexpr int kStages = kFp8 ? 4 : D == 64 ? 4 : D == 128 ? 3 : 2;
+  // fp8: V^T of a tile is written kVLag tiles after its copies were issued (their landing waited
+  // for then), into a ring of kVLag + 2 staging slots (a slot is refilled two transposes after it
+  // was read: ws_produce_item).
+  static constexpr int kVLag = 1;
+  static constexpr int kStagingSlots = kFp8 ? kVLag + 2 : 0;
   static constexpr int kStagesOffset = kQBuffers * kQBytes;
-  static constexpr int kStagingOffset = kStagesOffset + kStages * kStageBytes;  // fp8: 2 V tiles as copied
-  static constexpr int kQScaleOffset = kStagingOffset + (kFp8 ? 2 * kKvTileBytes : 0);  // fp8: f32 x kRows a Q buffer
+  static constexpr int kStagingOffset = kStagesOffset + kStages * kStageBytes;
+  static constexpr int kQ8Offset = kStagingOffset + kStagingSlots * kKvTileBytes;  // fp8: 2 x 64 rows x D
   // K and V halves of a stage on barriers of their own (WsBarriers) at D = 256, whose 2 stages
   // otherwise leave the producer no slack; at D = 64 and 128 the second copy pass cost more than
   // the slack won (docs/perf/cuda.md), and a stage is released whole.
   static constexpr bool kSplitKv = D == 256;
-  static constexpr int kBarrierOffset = kQScaleOffset + (kFp8 ? kQBuffers * kRows * 4 : 0);
+  static constexpr int kBarrierOffset = kQ8Offset + (kFp8 ? 2 * 64 * D : 0);
   static constexpr int kBarriers = (kSplitKv ? 4 : 2) * kStages + 2 * kQBuffers;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
   static_assert(!kSupported || kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
@@ -355,61 +360,83 @@ struct WsKvCopier {
   }
 };
 
-// Producer: one item's tiles (Q first), the copier's fast or general path. fp8 (W::kE4m3): Q is
-// quantised on its way in (ws_load_q_e4m3); V runs a tile ahead of K into the staging buffer of
-// its global tile index v_tile (a count over the CTA's items), and tile t's V is transposed into
-// its stage once every producer thread's copy of it has landed (the named barrier, which also
-// tells that tile t - 1's staging buffer has been read: V_{t+1}'s copy may overwrite it). A
-// stage's full barrier then takes 256 arrivals: each thread's K copies and its V^T writes.
+// fp8 producer: the V^T writes it owes, for the tiles `written` .. `copied` - 1 (indices over the
+// CTA's tiles, all items; tile g sits in stage g % kStages, its V rows in staging slot
+// g % kStagingSlots). One cp.async group a tile (its K and V copies).
+template <class W>
+struct WsTransposer {
+  int copied = 0;
+  int written = 0;
+  __device__ __forceinline__ static char* slot(char* smem, int g) {
+    return smem + W::kStagingOffset + (g % W::kStagingSlots) * W::kKvTileBytes;
+  }
+  // V^T of the oldest owed tile, whose copies this thread has waited for: the named barrier tells
+  // that every producer thread's have landed and that every thread is done with the slots read
+  // before (so a slot is refilled only two writes after it was read: kStagingSlots = kVLag + 2).
+  __device__ __forceinline__ void write_oldest(char* smem, const WsBarriers<W>& bars, int pt) {
+    named_barrier::sync<128>(2);
+    const int stage = written % W::kStages;
+    ws_transpose_v(slot(smem, written), smem + W::kStagesOffset + stage * W::kStageBytes + W::kKvTileBytes, pt);
+    wgmma::fence_async_smem();
+    mbar::arrive(bars.full(stage, false));
+    ++written;
+  }
+  // After a tile's copies were issued and committed: the write kVLag tiles behind them.
+  __device__ __forceinline__ void after_copy(char* smem, const WsBarriers<W>& bars, int pt) {
+    if (++copied - written > W::kVLag) {
+      cp_async_wait<W::kVLag>();
+      write_oldest(smem, bars, pt);
+    }
+  }
+  // Every write owed for tiles before `first` (the newest copied - first groups may stay in flight).
+  __device__ __forceinline__ void write_before(char* smem, const WsBarriers<W>& bars, int pt, int first) {
+    static_assert(W::kVLag <= 2);
+    if (written >= first) return;
+    if (copied - first >= 1) {
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    while (written < first) write_oldest(smem, bars, pt);
+  }
+};
+
+// Producer: one item's tiles (Q first), the copier's fast or general path. fp8 (W::kE4m3): each
+// tile's K and V copies go out together, V into a staging slot; its V^T is written kVLag tiles
+// later (WsTransposer). Before it waits for the Q buffer (freed when the consumers start the
+// previous item) it writes what it owes for the items before the previous one, which the
+// consumers must finish first.
 template <class W, typename T, bool kFast>
 __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, const ItemContext& ctx,
                                                 WsKvCopier<W>& copier, char* smem, const WsBarriers<W>& bars,
-                                                RingPos& ring, int n, int pt, int& v_tile) {
+                                                RingPos& ring, int n, int pt, WsTransposer<W>& vt,
+                                                int& prev_first_tile) {
   char* stages = smem + W::kStagesOffset;
-  auto staging = [&](int tile) { return smem + W::kStagingOffset + (tile & 1) * W::kKvTileBytes; };
   const WsTiles tiles = ws_tiles(ctx, W::kKeys);
   const int qb = n % W::kQBuffers;
   if (tiles.count > 0) copier.template fetch<kFast>(p, ctx, tiles.base);
   copier.template shift_ids<kFast>(p, ctx, tiles.base + W::kKeys, tiles.count > 1);
   if constexpr (W::kE4m3) {
-    if (tiles.count > 0) {
-      copier.template copy<kFast, kCopyV>(p, ctx, tiles.base, nullptr, staging(v_tile));
-      cp_async_commit();
-    }
+    vt.write_before(smem, bars, pt, prev_first_tile);
+    prev_first_tile = vt.copied;
   }
   // Q first: its buffer frees when the consumers have issued the previous item's last S
-  // (about a tile before they release its last stages), so the next item's Q and first
-  // tiles land while they finish it.
+  // (about a tile before they release its last stages; fp8: when they have read it into
+  // registers), so the next item's Q and first tiles land while they finish it.
   mbar::wait(bars.q_empty(qb), ((n / W::kQBuffers) & 1) ^ 1u);
-  if constexpr (W::kE4m3) {
-    ws_load_q_e4m3<W::kHeadSize, W::kRows, W::kQTileBytes, T>(
-        p, ctx, smem + qb * W::kQBytes, reinterpret_cast<float*>(smem + W::kQScaleOffset) + qb * W::kRows, pt);
-    wgmma::fence_async_smem();
-    mbar::arrive(bars.q_full(qb));
-  } else {
-    ws_load_q<W::kHeadSize, T>(p, ctx, smem + qb * W::kQBytes, pt);
-    mbar::arrive_on_copies(bars.q_full(qb));
-  }
+  ws_load_q<W::kHeadSize, T>(p, ctx, smem + qb * W::kQBytes, pt);
+  mbar::arrive_on_copies(bars.q_full(qb));
 #pragma unroll 1
   for (int t = 0; t < tiles.count; ++t) {
     const int key0 = tiles.base + t * W::kKeys;
     char* stage = stages + ring.stage * W::kStageBytes;
     mbar::wait(bars.empty(ring.stage, false), ring.phase ^ 1u);  // the whole stage unless split
     if constexpr (W::kE4m3) {
-      copier.template copy<kFast, kCopyK>(p, ctx, key0, stage, nullptr);
+      copier.template copy<kFast, kCopyKV>(p, ctx, key0, stage, vt.slot(smem, vt.copied));
       mbar::arrive_on_copies(bars.full(ring.stage, false));
       cp_async_commit();
       copier.template shift_ids<kFast>(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
-      cp_async_wait<1>();               // this thread's V_t (all but K_t's group)
-      named_barrier::sync<128>(2);      // every thread's V_t; every thread done with V_{t-1}
-      if (t + 1 < tiles.count) {
-        copier.template copy<kFast, kCopyV>(p, ctx, key0 + W::kKeys, nullptr, staging(v_tile + 1));
-        cp_async_commit();
-      }
-      ws_transpose_v(staging(v_tile), stage + W::kKvTileBytes, pt);
-      wgmma::fence_async_smem();
-      mbar::arrive(bars.full(ring.stage, false));
-      ++v_tile;
+      vt.after_copy(smem, bars, pt);
     } else {
       copier.template copy<kFast, W::kSplitKv ? kCopyK : kCopyKV>(p, ctx, key0, stage, stage + W::kKvTileBytes);
       mbar::arrive_on_copies(bars.full(ring.stage, false));
@@ -485,6 +512,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   // uniform-register adds (a descriptor kept across the loop lands in ordinary registers, and
   // each wgmma then waits for moves to uniform ones: docs/perf/cuda.md).
   auto q_desc = [&] { return wgmma::uniform_desc(q_smem, 16, 1024); };
+  char* q8_tile = smem + W::kQ8Offset + wg * 64 * D;  // fp8: this consumer's e4m3 Q
+  auto q8_desc = [&] { return wgmma::uniform_desc(q8_tile, 16, 1024); };
   auto k_desc = [&](int stage) { return wgmma::uniform_desc(stages + stage * W::kStageBytes, 16, 1024); };
   // V: N-major 16-bit tile (column blocks kKeys rows apart), or the fp8 V^T tile (K-major).
   auto v_desc = [&](int stage) {
@@ -492,7 +521,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   };
   auto issue_s = [&](int stage) {
     if constexpr (kFp8) {
-      issue_scores_e4m3<D, W::kKeys>(s, q_desc(), k_desc(stage));
+      issue_scores_e4m3<D, W::kKeys>(s, q8_desc(), k_desc(stage));
     } else {
       issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(stage));
     }
@@ -515,13 +544,22 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   mbar::wait(bars.q_full(qb), q_phase);
   __syncwarp();
   wgmma::fence_async_smem();
-  // fp8: the quantised Q rows' scales (ws_load_q_e4m3), applied through the softmax's factor.
+  // fp8: Q quantised (its rows' scales applied through the softmax's factor) into this consumer's
+  // e4m3 tile, after which the Q buffer is free for the next item. 16-bit: Q is released after the
+  // item's last S.
   float q_row_scale[2] = {1.f, 1.f};
   if constexpr (kFp8) {
-    const float* scales = reinterpret_cast<const float*>(smem + W::kQScaleOffset) + qb * W::kRows;
-    q_row_scale[0] = scales[r0];
-    q_row_scale[1] = scales[r0 + 8];
+    uint32_t qa[D / 32][4];
+    ws_q_fragments_e4m3<D, T>(q_smem, 16 * warp + quad_row, qa, q_row_scale);
+    mbar::arrive(bars.q_empty(qb));
+    // (the previous item's S have completed: every S is waited for within its item)
+    ws_store_q_e4m3<D>(q8_tile, 16 * warp + quad_row, qa);
+    wgmma::fence_async_smem();
+    named_barrier::sync<128>(3 + wg);  // the warpgroup's rows stored
   }
+  auto release_q = [&] {
+    if constexpr (!kFp8) mbar::arrive(bars.q_empty(qb));
+  };
 
   // Softmax of the scores of the tile at key0 (in s); returns the corrections of the two rows.
   auto softmax = [&](int key0, float& c0, float& c1) {
@@ -551,7 +589,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     // softmax and P . V per tile was the next limit of an SM's decode stream (docs/perf/cuda.md),
     // which sets how much a mixed batch can overlap.
     const int own_last = active - 1 - ((active - 1 - wg) & 1);  // < 0: no tile of this consumer
-    if (own_last < 0 && active > 0) mbar::arrive(bars.q_empty(qb));  // (active == 0: below)
+    if (own_last < 0 && active > 0) release_q();  // (active == 0: below)
 #pragma unroll 1
     for (int t = 0; t < active; ++t) {
       sync.wait_k(ring.stage, ring.phase);
@@ -568,7 +606,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::wait<0>();
       wgmma::reg_fence(s);
       if (t != merge_tile) sync.release_k(ring.stage);  // merge_tile: after the merge
-      if (t == own_last) mbar::arrive(bars.q_empty(qb));  // its last S: Q may be refilled
+      if (t == own_last) release_q();  // its last S: Q may be refilled
       if (warp_live) {
         float c0, c1;
         softmax(tiles.base + t * W::kKeys, c0, c1);
@@ -596,7 +634,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::wait<0>();
       wgmma::reg_fence(s);
       sync.release_k(ring.stage);  // K_0 read
-      if (active == 1) mbar::arrive(bars.q_empty(qb));  // the only S: Q may be refilled
+      if (active == 1) release_q();  // the only S: Q may be refilled
       if (warp_live) {
         float c0, c1;
         softmax(tiles.base, c0, c1);  // O is zero: no rescale
@@ -624,7 +662,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(s);
       trace.mark(kWsMarkScores);
       sync.release_k(nxt.stage);  // K_{t+1} read
-      if (t + 2 == active) mbar::arrive(bars.q_empty(qb));  // that was the last S: Q may be refilled
+      if (t + 2 == active) release_q();  // that was the last S: Q may be refilled
       float c0 = 1.f, c1 = 1.f;
       if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
       trace.mark(kWsMarkSoftmax);
@@ -656,7 +694,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     sync.skip(ring.stage, ring.phase);
     ring.template advance<W::kStages>();
   }
-  if (active == 0) mbar::arrive(bars.q_empty(qb));  // no S read Q
+  if (active == 0) release_q();  // no S read Q
 
   // Decode items: consumer 0 leaves its state (O, m, l of every thread) in the K/V tile of its
   // last stage, consumer 1 merges it into its own and releases that stage. kMergePasses = 2 (D =
@@ -804,16 +842,18 @@ __global__ void __launch_bounds__(WsTraits<D, kFp8>::kThreads, 1)
     const int pt = threadIdx.x;
     RingPos ring;
     WsKvCopier<W> copier;
-    int v_tile = 0;  // fp8: the V staging buffers' tile count
+    WsTransposer<W> vt;       // fp8: V^T writes owed
+    int prev_first_tile = 0;  // fp8: the first tile of the previous item
     ws_for_each_item(p, [&](int i, int n) {
       const ItemContext ctx = make_item_context(p, p.items[i]);
       copier.begin_item(p, ctx, pt);
       if (WsKvCopier<W>::fast_path(p, ctx)) {
-        ws_produce_item<W, T, true>(p, ctx, copier, smem, bars, ring, n, pt, v_tile);
+        ws_produce_item<W, T, true>(p, ctx, copier, smem, bars, ring, n, pt, vt, prev_first_tile);
       } else {
-        ws_produce_item<W, T, false>(p, ctx, copier, smem, bars, ring, n, pt, v_tile);
+        ws_produce_item<W, T, false>(p, ctx, copier, smem, bars, ring, n, pt, vt, prev_first_tile);
       }
     });
+    if constexpr (kFp8) vt.write_before(smem, bars, pt, vt.copied);
     cp_async_wait<0>();
   } else {
     warpgroup_regs_inc<W::kConsumerRegs>();

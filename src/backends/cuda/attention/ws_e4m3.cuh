@@ -3,20 +3,23 @@
 // they are, instead of widening K and V to 16 bits.
 //
 // What changes against the 16-bit path:
-//   Q      the producer quantises each packed query row to e4m3 with its own scale
-//          (amax / 448, stored beside the Q buffer): no row saturates, and the scale returns in
-//          the softmax's per-row factor (exact: a power-free f32 multiply of the f32 dot product);
+//   Q      copied in 16 bits as before; each consumer thread quantises its two rows to e4m3
+//          once per item (ws_q_fragments_e4m3), each row with its own scale (amax / 448): no row
+//          saturates, and the scale returns through the softmax's per-row factor; the consumer
+//          stores them into its own e4m3 Q tile (ws_store_q_e4m3), and the 16-bit Q buffer is
+//          free again for the next item;
 //   K      copied as it is (rows of D bytes, the 16-bit K tile's layout at half the width);
 //   V      wgmma has no transposed 8-bit B operand, so the producer copies V rows into a staging
-//          buffer and writes them transposed (rows of kKeys keys per head dim, V^T) into the
-//          stage, with the keys of each group of 16 in the order of the P fragment below;
+//          ring along with K and, kVLag tiles later (the copies of the tiles between in flight),
+//          writes them transposed (rows of kKeys keys per head dim, V^T) into the stage, with the
+//          keys of each group of 16 in the order of the P fragment below;
 //   P      the softmax's f32 scores packed straight into e4m3 A fragments: a thread's accumulator
 //          columns of one 16-key half are 2q, 2q+1, 2q+8, 2q+9 (q = lane % 4), the fragment's
 //          are 4q..4q+3, so fragment column 4q + i multiplies V^T column perm(4q + i) (ws_v_key).
 // Scales: S = q_row_scale * k_scale * (Q8 . K8) (the per-row factor of the online softmax);
 // O = v_scale * (P8 . V8) / l, l summed from the f32 P.
 // Traffic per tile (D = 128, 128 keys): 16 KB of K and 16 KB of V copied, the V transpose reads
-// the staging buffer once and writes V^T once (16 KB each, conflict-free: ws_transpose_v).
+// the staging slot once and writes V^T once (16 KB each, conflict-free: ws_transpose_v).
 // Precision: Q, P rounded to e4m3 (3 mantissa bits) besides the cache's own rounding; f32 logits,
 // softmax state and O; output rounded once.
 #pragma once
@@ -56,51 +59,47 @@ __device__ __forceinline__ int ws_staging_offset(int row, int chunk) {
   return row * 128 + ((chunk ^ (row & 7) ^ ((row >> 4) & 1)) << 4);
 }
 
-// Producer: one item's packed query rows quantised to e4m3 into a Q buffer (zero rows past the
-// item), the row scales into q_scales. 8 threads a row (consecutive lanes): thread pt loads 16-byte
-// chunks pt % 8 + 8 k of the row, the row's amax is reduced over the 8 lanes.
-template <int D, int kRows, int kQTileBytes, typename T>
-__device__ __forceinline__ void ws_load_q_e4m3(const AttentionKernelParams& p, const ItemContext& ctx, char* q_smem,
-                                               float* q_scales, int pt) {
-  static_assert(D == 128, "one 128-byte column block a row");
-  constexpr int kLoads = D / 64;  // 16-byte loads (8 elements) a thread and row
-  const int lc = pt & 7;
-#pragma unroll 2
-  for (int row = pt >> 3; row < kRows; row += 16) {
-    const bool valid = row < ctx.item.num_rows;
-    uint4 x[kLoads];
-    const T* src = static_cast<const T*>(p.query);
-    if (valid) src += row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride;
+// Consumer: this thread's Q rows r, r + 8 (row, row + 8 of its warpgroup's 64-row tile, 16-bit,
+// swizzled column blocks of 64 rows x 128 bytes) quantised to e4m3 as the register A fragments of
+// S = Q8 . K8^T: fragment ks, register 2 h + e holds row r + 8 e, columns 32 ks + 16 h + 4 q .. + 3
+// (q = lane % 4). Each row's scale (amax / 448, reduced over the quad that holds the row) goes to
+// scale[e]: no row saturates, and the softmax multiplies it back through its per-row factor.
+template <int D, typename T>
+__device__ __forceinline__ void ws_q_fragments_e4m3(const char* q_tile, int row, uint32_t (&qa)[D / 32][4],
+                                                    float (&scale)[2]) {
+  const int q = threadIdx.x & 3;
+  float v[2][D / 32][2][4];
+  float amax[2] = {0.f, 0.f};
 #pragma unroll
-    for (int k = 0; k < kLoads; ++k) {
-      x[k] = valid ? __ldg(reinterpret_cast<const uint4*>(src + 8 * lc + 64 * k)) : make_uint4(0, 0, 0, 0);
-    }
-    float v[kLoads][8];
-    float amax = 0.f;
+  for (int e = 0; e < 2; ++e)
 #pragma unroll
-    for (int k = 0; k < kLoads; ++k) {
-      const uint32_t w[4] = {x[k].x, x[k].y, x[k].z, x[k].w};
+    for (int ks = 0; ks < D / 32; ++ks)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = unpack_16bit_pair<T>(w[j]);
-        v[k][2 * j] = f.x;
-        v[k][2 * j + 1] = f.y;
-        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      for (int h = 0; h < 2; ++h) {
+        const int col = 32 * ks + 16 * h + 4 * q;  // 4 elements: 8 bytes inside a 16-byte chunk
+        const char* src = q_tile + (col >> 6) * (64 * 128) + swizzled_offset<64>(row + 8 * e, (col & 63) >> 3) +
+                          (col & 7) * 2;
+        const uint2 w = *reinterpret_cast<const uint2*>(src);
+        const float2 lo = unpack_16bit_pair<T>(w.x), hi = unpack_16bit_pair<T>(w.y);
+        v[e][ks][h][0] = lo.x;
+        v[e][ks][h][1] = lo.y;
+        v[e][ks][h][2] = hi.x;
+        v[e][ks][h][3] = hi.y;
+        amax[e] = fmaxf(amax[e], fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y))));
       }
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-    const float inv = amax > 0.f ? 448.f / amax : 1.f;
-    if (lc == 0) q_scales[row] = amax > 0.f ? amax / 448.f : 1.f;
 #pragma unroll
-    for (int k = 0; k < kLoads; ++k) {
-      const int e0 = 8 * lc + 64 * k;  // first element = first byte of the e4m3 row
-      const uint32_t lo = pack_e4m3x4(v[k][0] * inv, v[k][1] * inv, v[k][2] * inv, v[k][3] * inv);
-      const uint32_t hi = pack_e4m3x4(v[k][4] * inv, v[k][5] * inv, v[k][6] * inv, v[k][7] * inv);
-      char* dst = q_smem + (row >> 6) * kQTileBytes + swizzled_offset<64>(row & 63, e0 >> 4) + (e0 & 15);
-      asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(smem_addr(dst)), "r"(lo), "r"(hi) : "memory");
-    }
+  for (int e = 0; e < 2; ++e) {
+    amax[e] = fmaxf(amax[e], __shfl_xor_sync(0xffffffffu, amax[e], 1));
+    amax[e] = fmaxf(amax[e], __shfl_xor_sync(0xffffffffu, amax[e], 2));
+    const float inv = amax[e] > 0.f ? 448.f / amax[e] : 1.f;
+    scale[e] = amax[e] > 0.f ? amax[e] / 448.f : 1.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 32; ++ks)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float(&x)[4] = v[e][ks][h];
+        qa[ks][2 * h + e] = pack_e4m3x4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
+      }
   }
 }
 
@@ -139,17 +138,32 @@ __device__ __forceinline__ void ws_transpose_v(const char* staging, char* vt, in
   }
 }
 
-// S (64 x NK) = Q8 . K8^T for one consumer's 64 rows, issued (not waited for): D / 32 k32 steps
-// of 32 bytes inside 128-byte rows.
+// Consumer: the Q fragments of this thread (ws_q_fragments_e4m3) stored into the consumer's e4m3
+// Q tile (64 rows x D bytes, 128-byte swizzled, the A operand of issue_scores_e4m3): row r + 8 e,
+// bytes 32 ks + 16 h + 4 q; a warp's stores cover 8 rows x 128 bytes, no bank conflicts.
+template <int D>
+__device__ __forceinline__ void ws_store_q_e4m3(char* q8_tile, int row, const uint32_t (&qa)[D / 32][4]) {
+  static_assert(D == 128, "one 128-byte column block a row");
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int ks = 0; ks < D / 32; ++ks)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        *reinterpret_cast<uint32_t*>(q8_tile + swizzled_offset<64>(row + 8 * e, 2 * ks + h) + 4 * q) = qa[ks][2 * h + e];
+      }
+}
+
+// S (64 x NK) = Q8 . K8^T for one consumer's 64 rows, both operands in shared memory (K-major),
+// issued (not waited for): D / 32 k32 steps of 32 bytes inside 128-byte rows.
 template <int D, int NK, typename Desc>
 __device__ __forceinline__ void issue_scores_e4m3(float (&s)[NK / 8][4], Desc q_desc, Desc k_desc) {
-  static_assert(NK == 128);
+  static_assert(NK == 128 && D == 128, "one 128-byte column block a row");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
   for (int kk = 0; kk < D / 32; ++kk) {
-    const uint32_t qs = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
-    const uint32_t ks = (kk >> 2) * (NK * 128) + (kk & 3) * 32;
-    wgmma::OpsE4m3::ss_n128(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
+    wgmma::OpsE4m3::ss_n128(s, wgmma::desc_at(q_desc, kk * 32), wgmma::desc_at(k_desc, kk * 32), kk > 0 ? 1 : 0);
   }
   wgmma::commit();
 #endif

@@ -144,7 +144,7 @@ __device__ __forceinline__ void fence_async_smem() {
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 #define PAGEDATTN_WGMMA_RS_M64N128(INSTR, TAIL)                              \
   asm volatile(                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                        \
@@ -162,7 +162,7 @@ __device__ __forceinline__ void fence_async_smem() {
           "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), \
           "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), \
           "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 #define PAGEDATTN_WGMMA_RS_M64N256(INSTR, TAIL)                              \
   asm volatile(                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                        \
@@ -192,7 +192,7 @@ __device__ __forceinline__ void fence_async_smem() {
           "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), \
           "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), \
           "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3]) \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 // Flat accumulators: D (64 x N f32, scale-d = 1: accumulate) += A (64 x 16, shared, K-major) .
 // B (16 x N, shared; n64: K-major, n256_tb: N-major).
 #define PAGEDATTN_WGMMA_SS_M64N64K16_FLAT(TYPE)                                              \
@@ -260,9 +260,10 @@ struct Ops {
                                                  int scale_d) {
     PAGEDATTN_WGMMA_BY_TYPE(PAGEDATTN_WGMMA_SS_M64N128, "m64n128", ", 0, 0")
   }
-  // B read N-major (transposed).
+  // B read N-major (transposed); accumulating.
   template <int N>
   static __device__ __forceinline__ void rs_tb(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+    constexpr int scale_d = 1;
     if constexpr (N == 64) {
       PAGEDATTN_WGMMA_BY_TYPE(PAGEDATTN_WGMMA_RS_M64N64, "m64n64", ", 1")
     } else if constexpr (N == 128) {
@@ -300,9 +301,10 @@ struct OpsE4m3 {
                                                  int scale_d) {
     PAGEDATTN_WGMMA_SS_M64N128("m64n128k32.f32.e4m3.e4m3", "");
   }
-  // B K-major.
+  // B K-major; scale_d = 0: D = A . B (the accumulators' values ignored).
   template <int N>
-  static __device__ __forceinline__ void rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  static __device__ __forceinline__ void rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
+                                            int scale_d = 1) {
     if constexpr (N == 64) {
       PAGEDATTN_WGMMA_RS_M64N64("m64n64k32.f32.e4m3.e4m3", "");
     } else if constexpr (N == 128) {
