@@ -136,6 +136,17 @@ TEST(CudaBatchInvariantPlan, CapacityBoundsTheLargestBatches) {
   EXPECT_EQ(fixed_split_capacity(config, max_seqs, max_tokens, max_len).work_items, 0);
 }
 
+TEST(CudaBatchInvariantPlan, MoreSplitsThanTheCombineMergesIsAnError) {
+  const std::vector<Request> longest = {{1, 256 * kBatchInvariantSplitKeys}};
+  EXPECT_EQ(plan_of(invariant_config(132, 0), longest).combine.front().num_splits, 256);
+  try {
+    plan_of(invariant_config(132, 0), {{1, 256 * kBatchInvariantSplitKeys + 1}});
+    ADD_FAILURE() << "257 fixed splits were planned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "metadata");
+  }
+}
+
 TEST(CudaBatchInvariantPlan, CascadeIsAnError) {
   try {
     make_attention_plan(invariant_config(132, 0), std::vector<int32_t>{0, 1, 2}, std::vector<int32_t>{600, 700}, 256);

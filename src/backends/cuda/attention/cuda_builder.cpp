@@ -108,6 +108,10 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   if (config_.batch_invariant) {
     planner_.decode_resident_ctas = 0;
     planner_.fixed_split_tiles = kBatchInvariantSplitKeys / kKeysPerTile;
+    const int64_t most_keys = int64_t{planner_.max_splits} * kBatchInvariantSplitKeys - kKeysPerTile;
+    PAGEDATTN_CHECK(config_.max_model_len <= most_keys, "config.max_model_len", "CUDA builder: max_model_len = ",
+                    config_.max_model_len, " in the batch-invariant mode: its fixed ", kBatchInvariantSplitKeys,
+                    "-key splits merge at most ", planner_.max_splits, " per request, i.e. ", most_keys, " keys");
   }
   // Cascade needs room for two states per query row (prefix + suffix), one combine item per
   // request item and the prefix items.

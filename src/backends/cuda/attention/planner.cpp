@@ -273,6 +273,10 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
       const int tiles = tiles_of(KeyRange{base[i].kv_start, base[i].kv_end});
       if (base[i].flags & kItemDecodePath) {
         splits[i] = std::max(1, (tiles + config.fixed_split_tiles - 1) / config.fixed_split_tiles);
+        PAGEDATTN_CHECK(splits[i] <= config.max_splits, "metadata", "CUDA builder: a request of ",
+                        base[i].seq_len, " keys needs ", splits[i], " fixed splits of ",
+                        config.fixed_split_tiles * kKeysPerTile, " keys in the batch-invariant mode; the combine merges ",
+                        config.max_splits, " at most");
       }
     }
   } else if (!plan.decode_kernel && config.allow_split && num_base > 0 && num_base < resident) {
