@@ -1,5 +1,6 @@
 // Warp-specialized Hopper kernel of the paged attention (AttentionKernel::ws, kernel_selection.h):
-// 16-bit caches, head sizes D = 64, 128 and 256 (head_size == head_size_v == D), sm_90a. It computes
+// 16-bit caches at head sizes D = 64, 128 and 256, and fp8 e4m3 caches at D = 128 on the 8-bit
+// wgmma (kFp8: what changes is in ws_e4m3.cuh), head_size == head_size_v == D, sm_90a. It computes
 // exactly what paged_attention_kernel computes for the same plan (attention_plan.h: every work
 // item, decode-path or prefill-path, split or not), with one code path for both kinds of item.
 //
@@ -44,7 +45,8 @@
 // Shared memory (1024-byte aligned, every tile 128-byte swizzled as column blocks of rows x 128
 // bytes, async_primitives.cuh): kQBuffers x Q (2 x 64 rows x D), kStages x [K tile, V tile] (kKeys
 // keys x D each), then the barriers. D = 128: 32 KB + 3 x 64 KB = 224 KB; D = 64: 2 x 16 KB + 4 x
-// 32 KB = 160 KB; D = 256: 64 KB + 2 x 64 KB = 192 KB. The decode merge borrows a stage.
+// 32 KB = 160 KB; D = 256: 64 KB + 2 x 64 KB = 192 KB; fp8 D = 128: Q 32 KB + 4 stages x 32 KB +
+// 3 V staging slots x 16 KB + 2 e4m3 Q tiles x 8 KB = 224 KB. The decode merge borrows a stage.
 //
 // Memory traffic and floor: each K/V byte of an item's key range once per item (the GQA group
 // packed into the rows, so once per group for decodes), Q and O once; floor = max(KV bytes / copy
@@ -54,7 +56,8 @@
 // (the warp-specialized kernel).
 //
 // Precision points: as the other paths (f32 logits, softmax state and O; P rounded to the
-// activation type for P . V, the row sums from the f32 P; output rounded once).
+// activation type for P . V, the row sums from the f32 P; output rounded once); fp8: Q (per row)
+// and P rounded to e4m3 instead.
 //
 // Not sm_90a: the body is a trap and the builder never selects this kernel.
 #pragma once
@@ -316,12 +319,12 @@ struct WsKvCopier {
   }
 
   // Issues the copies of the K tile, the V tile or both (kParts) of the fetched tile at key0 into
-  // k_tile / v_tile (a stage's halves; fp8: V rows into a staging buffer, ws_staging_offset). The
-  // row's position in its page: pos & (block_size - 1) for power-of-two pages (a uniform branch).
-  // Fast path: V's offset is K's (same strides), no branch.
+  // a stage ([K tile][V tile]; fp8: V rows into v_staging, ws_staging_offset). The row's position
+  // in its page: pos & (block_size - 1) for power-of-two pages (a uniform branch). Fast path: V's
+  // offset is K's (same strides), no branch.
   template <bool kFast, int kParts>
   __device__ __forceinline__ void copy(const AttentionKernelParams& p, const ItemContext& ctx, int key0,
-                                       char* k_tile, char* v_tile) const {
+                                       char* stage, char* v_staging = nullptr) const {
     const bool pow2 = ctx.block_shift >= 0;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
@@ -348,13 +351,14 @@ struct WsKvCopier {
         const uint32_t v_token = static_cast<uint32_t>(p.v_token_stride * kE);
         v_src = k_base + kv_delta + (static_cast<uint64_t>(block) * v_block + static_cast<uint64_t>(row) * v_token);
       }
-      const int dst = dst0 + i * 16 * 128;
-      // The staging swizzle flips chunk bit 0 on odd rows / 16 (ws_staging_offset; one column block).
-      const int v_dst = W::kE4m3 ? dst ^ ((i & 1) << 4) : dst;
+      char* dst = stage + dst0 + i * 16 * 128;
+      // fp8: the staging swizzle flips chunk bit 0 on odd rows / 16 (ws_staging_offset; one column
+      // block).
+      char* v_dst = W::kE4m3 ? v_staging + ((dst0 + i * 16 * 128) ^ ((i & 1) << 4)) : dst + W::kKvTileBytes;
 #pragma unroll
       for (int k = 0; k < W::kChunksPerThread; ++k) {
-        if constexpr ((kParts & kCopyK) != 0) cp_async_16(k_tile + dst + k * W::kKeys * 128, k_src + k * 128, valid);
-        if constexpr ((kParts & kCopyV) != 0) cp_async_16(v_tile + v_dst + k * W::kKeys * 128, v_src + k * 128, valid);
+        if constexpr ((kParts & kCopyK) != 0) cp_async_16(dst + k * W::kKeys * 128, k_src + k * 128, valid);
+        if constexpr ((kParts & kCopyV) != 0) cp_async_16(v_dst + k * W::kKeys * 128, v_src + k * 128, valid);
       }
     }
   }
@@ -438,11 +442,11 @@ __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, 
       copier.template shift_ids<kFast>(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
       vt.after_copy(smem, bars, pt);
     } else {
-      copier.template copy<kFast, W::kSplitKv ? kCopyK : kCopyKV>(p, ctx, key0, stage, stage + W::kKvTileBytes);
+      copier.template copy<kFast, W::kSplitKv ? kCopyK : kCopyKV>(p, ctx, key0, stage);
       mbar::arrive_on_copies(bars.full(ring.stage, false));
       if constexpr (W::kSplitKv) {
         mbar::wait(bars.empty(ring.stage, true), ring.phase ^ 1u);
-        copier.template copy<kFast, kCopyV>(p, ctx, key0, stage, stage + W::kKvTileBytes);
+        copier.template copy<kFast, kCopyV>(p, ctx, key0, stage);
         mbar::arrive_on_copies(bars.full(ring.stage, true));
       }
       copier.template shift_ids<kFast>(p, ctx, key0 + 2 * W::kKeys, t + 2 < tiles.count);
