@@ -160,6 +160,8 @@ class MLAAttention(_C._MLAAttention):
         max_num_batched_tokens: int = 8192,
         max_model_len: int = 8192,
         chunked_prefill_workspace_tokens: Optional[int] = None,
+        *,
+        batch_invariant: bool = False,
     ) -> _C.AttentionMetadataBuilder:
         """A metadata builder for this layer's KV-cache group (vLLM's MLACommonMetadataBuilder).
         ``build(common)`` returns an ``MLAAttentionMetadata``; the batch must list its decodes
@@ -170,6 +172,10 @@ class MLAAttention(_C._MLAAttention):
         ``mla_chunked_prefill_workspace_tokens(max_model_len, max_num_seqs, block_size)``. A
         context longer than the workspace is processed in several chunks merged by LSE. The
         builder's workspace is sized once from these limits: a batch beyond them is an error.
+
+        batch_invariant: plans whose output bits for a request do not depend on the rest of the
+        batch (fixed context chunks and split sizes; env PAGEDATTN_BATCH_INVARIANT=1 turns it on
+        for every builder).
         """
         w = 0 if chunked_prefill_workspace_tokens is None else int(chunked_prefill_workspace_tokens)
         if chunked_prefill_workspace_tokens is not None and w <= 0:
@@ -179,7 +185,7 @@ class MLAAttention(_C._MLAAttention):
         i32 = _tensors.int32_arg
         return self._metadata_builder(i32(max_num_seqs, "max_num_seqs"),
                                       i32(max_num_batched_tokens, "max_num_batched_tokens"),
-                                      i32(max_model_len, "max_model_len"), w)
+                                      i32(max_model_len, "max_model_len"), w, bool(batch_invariant))
 
     def forward(
         self,

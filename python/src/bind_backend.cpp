@@ -205,6 +205,7 @@ void bind_backend(nb::module_& m) {
       .def_prop_ro("num_reqs", [](const PyAttentionMetadata& p) { return p.metadata->num_reqs; })
       .def_prop_ro("use_cascade", [](const PyAttentionMetadata& p) { return p.metadata->use_cascade; })
       .def_prop_ro("common_prefix_len", [](const PyAttentionMetadata& p) { return p.metadata->common_prefix_len; })
+      .def_prop_ro("batch_invariant", [](const PyAttentionMetadata& p) { return p.metadata->batch_invariant; })
       .def_prop_ro("device", [](const PyAttentionMetadata& p) { return std::string(device_name(p.device)); })
       .def("__repr__", [](const PyAttentionMetadata& p) {
         return "<pagedattn.AttentionMetadata num_reqs=" + std::to_string(p.metadata->num_reqs) +

@@ -353,14 +353,14 @@ void bind_mla(nb::module_& m) {
       .def(
           "_metadata_builder",
           [](const MLAAttention& a, int max_num_seqs, int max_num_batched_tokens, int max_model_len,
-             int64_t chunked_prefill_workspace_tokens) {
-            return make_builder_object(a.backend(), a.kv_cache_spec(),
-                                       a.builder_config(max_num_seqs, max_num_batched_tokens,
-                                                        max_model_len, chunked_prefill_workspace_tokens),
-                                       a.params().device);
+             int64_t chunked_prefill_workspace_tokens, bool batch_invariant) {
+            BuilderConfig config = a.builder_config(max_num_seqs, max_num_batched_tokens, max_model_len,
+                                                    chunked_prefill_workspace_tokens);
+            config.batch_invariant = batch_invariant;
+            return make_builder_object(a.backend(), a.kv_cache_spec(), config, a.params().device);
           },
           "max_num_seqs"_a, "max_num_batched_tokens"_a, "max_model_len"_a,
-          "chunked_prefill_workspace_tokens"_a)
+          "chunked_prefill_workspace_tokens"_a, "batch_invariant"_a)
       .def(
           "_process_weights_after_loading",
           [](MLAAttention& a, nb::handle kv_b_proj) {
