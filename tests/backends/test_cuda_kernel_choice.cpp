@@ -63,7 +63,7 @@ TEST(CudaKernelOverride, ProgrammaticOverrideWins) {
 }
 
 // Which kernel runs the plans that are not decode-only: ws (16-bit, D = 64 / 128 / 256, or e4m3
-// at D = 128; equal head sizes, sm_90a image, strides that fit), else the wgmma path (16-bit, D =
+// at D = 128 / 256; equal head sizes, sm_90a image, strides that fit), else the wgmma path (16-bit, D =
 // 64 / 128 / 256), else mma.sync.
 TEST(CudaAttentionKernelSelection, ChoosesOncePerLayer) {
   const auto select = [](PrefillKernelChoice c, int d, int dv, int fp8, bool image = true, bool fits = true) {
@@ -77,7 +77,8 @@ TEST(CudaAttentionKernelSelection, ChoosesOncePerLayer) {
   for (int d : {80, 96, 192}) EXPECT_EQ(select(kAuto, d, d, 0), AttentionKernel::mma) << d;
   EXPECT_EQ(select(kAuto, 128, 128, 1), AttentionKernel::ws);             // fp8 e4m3 cache
   EXPECT_EQ(select(kAuto, 128, 128, 2), AttentionKernel::mma);            // fp8 e5m2 cache
-  for (int d : {64, 256}) EXPECT_EQ(select(kAuto, d, d, 1), AttentionKernel::mma) << d;
+  EXPECT_EQ(select(kAuto, 256, 256, 1), AttentionKernel::ws);
+  for (int d : {64, 96}) EXPECT_EQ(select(kAuto, d, d, 1), AttentionKernel::mma) << d;
   EXPECT_EQ(select(PrefillKernelChoice::wgmma, 128, 128, 1), AttentionKernel::mma);
   EXPECT_EQ(select(kAuto, 128, 128, 1, false), AttentionKernel::mma);  // no sm_90a image
   EXPECT_EQ(select(kAuto, 128, 64, 0), AttentionKernel::mma);           // head_size_v != head_size

@@ -112,12 +112,12 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
       }
     }
   }
-  // fp8 e4m3 caches: every head-size-128 case again (the warp-specialized kernel's 8-bit path under
-  // auto and prefill=ws; mma.sync under the other overrides), per-head scales on every other one;
-  // and one case at the first head size (mma.sync under every override but auto / ws at 128).
+  // fp8 e4m3 caches: every head-size-128 and 256 case again (the warp-specialized kernel's 8-bit
+  // path under auto and prefill=ws; mma.sync under the other overrides), per-head scales on every
+  // other one; and one case at the first head size (mma.sync under every override at 64).
   const size_t grid = cases.size();
   for (size_t i = 0; i < grid; ++i) {
-    if (cases[i].head_size != 128 || cases[i].head_size_v != 0) continue;
+    if ((cases[i].head_size != 128 && cases[i].head_size != 256) || cases[i].head_size_v != 0) continue;
     ConformanceCase fp8 = cases[i];
     fp8.kv_cache_dtype = "fp8_e4m3";
     fp8.per_head_kv_scales = i % 2 == 1;
@@ -214,7 +214,7 @@ TEST(CudaKernelVariants, WgmmaImageLoadsOnHopper) {
 }
 
 // The kernel a builder stores in its (prefill) plans, chosen once from the layer, the cache, the
-// device and the override: under auto 16-bit head sizes 64, 128 and 256 and e4m3 at 128 take the
+// device and the override: under auto 16-bit head sizes 64, 128 and 256 and e4m3 at 128 and 256 take the
 // warp-specialized kernel (1 CTA of 384 threads per SM), other fp8 caches and head_size_v != head_size
 // mma.sync (2 CTAs per SM at head sizes <= 128); under prefill=wgmma no plan takes ws; under
 // prefill=mma every plan runs mma.sync.
@@ -240,7 +240,8 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
     EXPECT_EQ(plan_kernel(96, DType::bf16, "auto"), AttentionKernel::mma);
     EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e4m3"), AttentionKernel::ws);
     EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e5m2"), AttentionKernel::mma);
-    EXPECT_EQ(plan_kernel(256, DType::f16, "fp8_e4m3"), AttentionKernel::mma);
+    EXPECT_EQ(plan_kernel(256, DType::f16, "fp8_e4m3"), AttentionKernel::ws);
+    EXPECT_EQ(plan_kernel(64, DType::bf16, "fp8_e4m3"), AttentionKernel::mma);
     EXPECT_EQ(plan_kernel(128, DType::bf16, "auto", 64), AttentionKernel::mma);
   }
   {
@@ -257,6 +258,7 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::wgmma).ctas_per_sm, 2);
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true, AttentionKernel::mma).ctas_per_sm, 2);
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::f16, true, AttentionKernel::ws).ctas_per_sm, 1);
+  EXPECT_EQ(cuda::attention_kernel_info(256, DType::bf16, true, AttentionKernel::ws).ctas_per_sm, 1);
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::decode).ctas_per_sm, 3);
   // A kernel without an instance for the head size / cache is an Error, not another kernel.
   EXPECT_THROW(cuda::attention_kernel_info(96, DType::bf16, false, AttentionKernel::ws), Error);

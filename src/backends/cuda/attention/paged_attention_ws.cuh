@@ -68,8 +68,9 @@
 
 namespace pagedattn::cuda {
 
-// kFp8: an fp8 e4m3 cache on the 8-bit wgmma (ws_e4m3.cuh): K and V^T tiles of D bytes a row, a
-// staging ring of kStagingSlots V tiles as copied, the 16-bit Q buffer and a consumer's e4m3 Q tile.
+// kFp8: an fp8 e4m3 cache on the 8-bit wgmma (ws_e4m3.cuh): K tiles of D bytes a row, V^T tiles
+// of kKeys bytes a row, a staging ring of kStagingSlots V tiles as copied, the 16-bit Q buffer and
+// a consumer's e4m3 Q tile (at D = 256 inside the Q buffer: no room beside it).
 template <int D, bool kFp8 = false>
 struct WsTraits {
   static constexpr bool kSupported = kFp8 ? ws_e4m3_head_size(D) : ws_kernel_head_size(D);
@@ -92,10 +93,10 @@ struct WsTraits {
   static constexpr int kQTileBytes = D / 64 * 64 * 128;     // one consumer's 64 rows (16-bit)
   static constexpr int kQBytes = 2 * kQTileBytes;
   static constexpr int kKvTileBytes = kColBlocks * kKeys * 128;  // kKeys keys x D (fp8: also V^T, D x kKeys)
-  static_assert(!kFp8 || !kSupported || D == kKeys, "the fp8 V^T tile has the K tile's shape");
+  static_assert(!kFp8 || !kSupported || kKvTileBytes == D * kKeys, "the fp8 V^T tile has the K tile's bytes");
   static constexpr int kStageBytes = 2 * kKvTileBytes;
   static constexpr int kQBuffers = D == 64 ? 2 : 1;
-  static constexpr int kStages = kFp8 ? 4 : D == 64 ? 4 : D == 128 ? 3 : 2;
+  static constexpr int kStages = kFp8 ? (D == 128 ? 4 : 3) : D == 64 ? 4 : D == 128 ? 3 : 2;
   // fp8: V^T of a tile is written kVLag tiles after its copies were issued (their landing waited
   // for then), into a ring of kVLag + 2 staging slots (a slot is refilled two transposes after it
   // was read: ws_produce_item).
@@ -103,20 +104,24 @@ struct WsTraits {
   static constexpr int kStagingSlots = kFp8 ? kVLag + 2 : 0;
   static constexpr int kStagesOffset = kQBuffers * kQBytes;
   static constexpr int kStagingOffset = kStagesOffset + kStages * kStageBytes;
-  static constexpr int kQ8Offset = kStagingOffset + kStagingSlots * kKvTileBytes;  // fp8: 2 x 64 rows x D
+  static constexpr bool kQ8InQBuffer = kFp8 && D == 256;  // else 2 x 64 rows x D after the staging ring
+  static constexpr int kQ8Offset = kStagingOffset + kStagingSlots * kKvTileBytes;
   // K and V halves of a stage on barriers of their own (WsBarriers) at D = 256, whose 2 stages
   // otherwise leave the producer no slack; at D = 64 and 128 the second copy pass cost more than
   // the slack won (docs/perf/cuda.md), and a stage is released whole.
-  static constexpr bool kSplitKv = D == 256;
-  static constexpr int kBarrierOffset = kQ8Offset + (kFp8 ? 2 * 64 * D : 0);
+  static constexpr bool kSplitKv = D == 256 && !kFp8;
+  static constexpr int kBarrierOffset = kQ8Offset + (kFp8 && !kQ8InQBuffer ? 2 * 64 * D : 0);
   static constexpr int kBarriers = (kSplitKv ? 4 : 2) * kStages + 2 * kQBuffers;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
   static_assert(!kSupported || kSmemBytes <= 227 * 1024, "fits an SM's shared memory");
   static constexpr int kChunksPerThread = kColBlocks;  // 16-byte chunks of a row, 8 threads a row
   static constexpr int kRowsPerThread = kKeys / 16;    // 128 producer threads = 16 rows a pass
   // Decode merge (consumer 0's O, m, l through a stage, 4 bytes x 128 threads a value): in one
-  // pass, or in halves of O where the whole state (D / 2 + 4 values a thread) exceeds a stage.
-  static constexpr int kMergePasses = (D / 2 + 4) * 128 * 4 <= kStageBytes ? 1 : 2;
+  // pass, or in halves (quarters) of O where the whole state (D / 2 + 4 values a thread) exceeds a
+  // stage.
+  static constexpr int kMergePasses = (D / 2 + 4) * 128 * 4 <= kStageBytes   ? 1
+                                      : (D / 4 + 4) * 128 * 4 <= kStageBytes ? 2
+                                                                             : 4;
   static_assert(!kSupported || (D / 2 / kMergePasses + 4) * 128 * 4 <= kStageBytes, "a merge pass fits a stage");
 };
 
@@ -380,7 +385,8 @@ struct WsTransposer {
   __device__ __forceinline__ void write_oldest(char* smem, const WsBarriers<W>& bars, int pt) {
     named_barrier::sync<128>(2);
     const int stage = written % W::kStages;
-    ws_transpose_v(slot(smem, written), smem + W::kStagesOffset + stage * W::kStageBytes + W::kKvTileBytes, pt);
+    ws_transpose_v<W::kHeadSize, W::kKeys>(slot(smem, written),
+                                           smem + W::kStagesOffset + stage * W::kStageBytes + W::kKvTileBytes, pt);
     wgmma::fence_async_smem();
     mbar::arrive(bars.full(stage, false));
     ++written;
@@ -409,7 +415,8 @@ struct WsTransposer {
 // tile's K and V copies go out together, V into a staging slot; its V^T is written kVLag tiles
 // later (WsTransposer). Before it waits for the Q buffer (freed when the consumers start the
 // previous item) it writes what it owes for the items before the previous one, which the
-// consumers must finish first.
+// consumers must finish first (at D = 256, where the Q buffer frees after the previous item's
+// last S, all it owes).
 template <class W, typename T, bool kFast>
 __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, const ItemContext& ctx,
                                                 WsKvCopier<W>& copier, char* smem, const WsBarriers<W>& bars,
@@ -421,7 +428,9 @@ __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, 
   if (tiles.count > 0) copier.template fetch<kFast>(p, ctx, tiles.base);
   copier.template shift_ids<kFast>(p, ctx, tiles.base + W::kKeys, tiles.count > 1);
   if constexpr (W::kE4m3) {
-    vt.write_before(smem, bars, pt, prev_first_tile);
+    // (With the e4m3 Q tile in the Q buffer the consumers free it after the previous item's last
+    // S, which waits for that item's last V^T too: everything owed first.)
+    vt.write_before(smem, bars, pt, W::kQ8InQBuffer ? vt.copied : prev_first_tile);
     prev_first_tile = vt.copied;
   }
   // Q first: its buffer frees when the consumers have issued the previous item's last S
@@ -516,12 +525,19 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   // uniform-register adds (a descriptor kept across the loop lands in ordinary registers, and
   // each wgmma then waits for moves to uniform ones: docs/perf/cuda.md).
   auto q_desc = [&] { return wgmma::uniform_desc(q_smem, 16, 1024); };
-  char* q8_tile = smem + W::kQ8Offset + wg * 64 * D;  // fp8: this consumer's e4m3 Q
+  // fp8: this consumer's e4m3 Q; inside the Q buffer at D = 256: over its own 16-bit rows (prefill
+  // items), or in the 16-bit tile 1 that decode items leave unread.
+  char* q8_tile = !W::kQ8InQBuffer ? smem + W::kQ8Offset + wg * 64 * D
+                  : decode         ? smem + qb * W::kQBytes + W::kQTileBytes + wg * 64 * D
+                                   : q_smem;
   auto q8_desc = [&] { return wgmma::uniform_desc(q8_tile, 16, 1024); };
   auto k_desc = [&](int stage) { return wgmma::uniform_desc(stages + stage * W::kStageBytes, 16, 1024); };
-  // V: N-major 16-bit tile (column blocks kKeys rows apart), or the fp8 V^T tile (K-major).
+  // V: N-major 16-bit tile (column blocks kKeys rows apart), or the fp8 V^T tile (K-major, rows of
+  // kKeys bytes: 128-byte swizzle, or 64-byte at 64 keys).
   auto v_desc = [&](int stage) {
-    return wgmma::uniform_desc(stages + stage * W::kStageBytes + W::kKvTileBytes, kFp8 ? 16 : W::kKeys * 128, 1024);
+    char* v = stages + stage * W::kStageBytes + W::kKvTileBytes;
+    if constexpr (kFp8 && W::kKeys == 64) return wgmma::uniform_desc(v, 16, 512, wgmma::kSwizzle64B);
+    return wgmma::uniform_desc(v, kFp8 ? 16 : W::kKeys * 128, 1024);
   };
   auto issue_s = [&](int stage) {
     if constexpr (kFp8) {
@@ -549,20 +565,26 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   __syncwarp();
   wgmma::fence_async_smem();
   // fp8: Q quantised (its rows' scales applied through the softmax's factor) into this consumer's
-  // e4m3 tile, after which the Q buffer is free for the next item. 16-bit: Q is released after the
-  // item's last S.
+  // e4m3 tile, after which the Q buffer is free for the next item (unless the e4m3 tile is in it).
+  // 16-bit: Q is released after the item's last S.
   float q_row_scale[2] = {1.f, 1.f};
   if constexpr (kFp8) {
-    uint32_t qa[D / 32][4];
-    ws_q_fragments_e4m3<D, T>(q_smem, 16 * warp + quad_row, qa, q_row_scale);
-    mbar::arrive(bars.q_empty(qb));
+    const int qrow = 16 * warp + quad_row;
+    uint32_t words[2][D / 16];
+    ws_q_amax_e4m3<D, T>(q_smem, qrow, q_row_scale);
+    ws_q_convert_e4m3<D, T>(q_smem, qrow, q_row_scale, words);
+    if constexpr (W::kQ8InQBuffer) {
+      named_barrier::sync<128>(3 + wg);  // the warpgroup has read the rows its e4m3 tile overlays
+    } else {
+      mbar::arrive(bars.q_empty(qb));
+    }
     // (the previous item's S have completed: every S is waited for within its item)
-    ws_store_q_e4m3<D>(q8_tile, 16 * warp + quad_row, qa);
+    ws_q_store_e4m3<D>(q8_tile, qrow, words);
     wgmma::fence_async_smem();
     named_barrier::sync<128>(3 + wg);  // the warpgroup's rows stored
   }
   auto release_q = [&] {
-    if constexpr (!kFp8) mbar::arrive(bars.q_empty(qb));
+    if constexpr (!kFp8 || W::kQ8InQBuffer) mbar::arrive(bars.q_empty(qb));
   };
 
   // Softmax of the scores of the tile at key0 (in s); returns the corrections of the two rows.

@@ -52,75 +52,108 @@ __device__ __forceinline__ float2 unpack_16bit_pair(uint32_t w) {
 // Key of V^T column p (0..15) of a group of 16: the key whose P value the fragment holds there.
 constexpr int ws_v_key(int p) { return 2 * (p >> 2) + (p & 1) + 8 * ((p >> 1) & 1); }
 
-// Byte offset of 16-byte chunk `chunk` of key row `row` in the V staging buffer (rows of 128
-// bytes). The swizzle also flips on bit 4 of the row, so that the transpose's reads of rows
-// 16 g + 2 q (+ 0, 1, 8, 9) by a quarter warp fall on 8 distinct chunks.
+// Byte offset of 16-byte chunk `chunk` (0 .. D / 16 - 1) of key row `row` in a V staging slot:
+// the K tile's layout (column blocks of kKeys rows x 128 bytes, 128-byte swizzle) with the swizzle
+// also flipped on bit 4 of the row, so that the transpose's reads of rows 16 g + 2 q (+ 0, 1, 8, 9)
+// by a quarter warp fall on 8 distinct chunks.
+template <int kKeys>
 __device__ __forceinline__ int ws_staging_offset(int row, int chunk) {
-  return row * 128 + ((chunk ^ (row & 7) ^ ((row >> 4) & 1)) << 4);
+  return (chunk >> 3) * (kKeys * 128) + row * 128 + (((chunk & 7) ^ (row & 7) ^ ((row >> 4) & 1)) << 4);
 }
 
-// Consumer: this thread's Q rows r, r + 8 (row, row + 8 of its warpgroup's 64-row tile, 16-bit,
-// swizzled column blocks of 64 rows x 128 bytes) quantised to e4m3 as the register A fragments of
-// S = Q8 . K8^T: fragment ks, register 2 h + e holds row r + 8 e, columns 32 ks + 16 h + 4 q .. + 3
-// (q = lane % 4). Each row's scale (amax / 448, reduced over the quad that holds the row) goes to
-// scale[e]: no row saturates, and the softmax multiplies it back through its per-row factor.
-template <int D, typename T>
-__device__ __forceinline__ void ws_q_fragments_e4m3(const char* q_tile, int row, uint32_t (&qa)[D / 32][4],
-                                                    float (&scale)[2]) {
-  const int q = threadIdx.x & 3;
-  float v[2][D / 32][2][4];
-  float amax[2] = {0.f, 0.f};
-#pragma unroll
-  for (int e = 0; e < 2; ++e)
-#pragma unroll
-    for (int ks = 0; ks < D / 32; ++ks)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int col = 32 * ks + 16 * h + 4 * q;  // 4 elements: 8 bytes inside a 16-byte chunk
-        const char* src = q_tile + (col >> 6) * (64 * 128) + swizzled_offset<64>(row + 8 * e, (col & 63) >> 3) +
-                          (col & 7) * 2;
-        const uint2 w = *reinterpret_cast<const uint2*>(src);
-        const float2 lo = unpack_16bit_pair<T>(w.x), hi = unpack_16bit_pair<T>(w.y);
-        v[e][ks][h][0] = lo.x;
-        v[e][ks][h][1] = lo.y;
-        v[e][ks][h][2] = hi.x;
-        v[e][ks][h][3] = hi.y;
-        amax[e] = fmaxf(amax[e], fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y))));
-      }
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    amax[e] = fmaxf(amax[e], __shfl_xor_sync(0xffffffffu, amax[e], 1));
-    amax[e] = fmaxf(amax[e], __shfl_xor_sync(0xffffffffu, amax[e], 2));
-    const float inv = amax[e] > 0.f ? 448.f / amax[e] : 1.f;
-    scale[e] = amax[e] > 0.f ? amax[e] / 448.f : 1.f;
-#pragma unroll
-    for (int ks = 0; ks < D / 32; ++ks)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float(&x)[4] = v[e][ks][h];
-        qa[ks][2 * h + e] = pack_e4m3x4(x[0] * inv, x[1] * inv, x[2] * inv, x[3] * inv);
-      }
+// Byte offset of the 4 bytes at column 16 g + 4 q of row n of a V^T tile (rows of kKeys bytes,
+// 128-byte swizzle for 128 keys, 64-byte swizzle for 64: the wgmma layouts of a K-major operand).
+template <int kKeys>
+__device__ __forceinline__ int ws_vt_offset(int n, int g, int q) {
+  if constexpr (kKeys == 128) {
+    return n * 128 + ((g ^ (n & 7)) << 4) + 4 * q;
+  } else {
+    static_assert(kKeys == 64);
+    return n * 64 + ((g ^ ((n >> 1) & 3)) << 4) + 4 * q;
   }
 }
 
-// Producer: the V rows of a tile (staging, ws_staging_offset) written transposed into the stage's
-// V^T tile: row n = head dim n, kKeys = 128 bytes of keys, 128-byte swizzled (the K-major B operand
-// of P . V), key 16 g + ws_v_key(p) at column 16 g + p. Thread pt (lane = 4 g + q, warp w) takes
-// key group g, the keys 16 g + 2 q + {0, 1, 8, 9}, and dims chunks 2 w, 2 w + 1: four 16-byte reads,
-// a 4 x 4 byte transpose per 4 dims (8 byte permutes), 16 4-byte writes at column 16 g + 4 q, a
-// warp's writes covering one 128-byte row: no bank conflicts either way.
+// Consumer: this thread's Q rows r = row, row + 8 of its warpgroup's 64-row tile (16-bit, swizzled
+// column blocks of 64 rows x 128 bytes) quantised to e4m3 and stored into the consumer's e4m3 Q
+// tile (64 rows x D bytes, column blocks of 64 rows x 128 bytes, 128-byte swizzle: the A operand
+// of issue_scores_e4m3). Each row's scale (amax / 448, reduced over the quad that holds the row)
+// goes to scale[e]: no row saturates, and the softmax multiplies it back through its per-row
+// factor. A thread handles columns 16 j + 4 q .. + 3 (q = lane % 4) of its rows: two passes over
+// the 16-bit tile (the amax, then the conversion), no register arrays; a warp's stores cover 8
+// rows x 128 bytes, no bank conflicts. q_tile and q8_tile may be the same rows (callers order it).
+template <int D, typename T>
+__device__ __forceinline__ const char* ws_q_src(const char* q_tile, int row, int col) {
+  return q_tile + (col >> 6) * (64 * 128) + swizzled_offset<64>(row, (col & 63) >> 3) + (col & 7) * 2;
+}
+template <int D, typename T>
+__device__ __forceinline__ void ws_q_amax_e4m3(const char* q_tile, int row, float (&scale)[2]) {
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      const uint2 w = *reinterpret_cast<const uint2*>(ws_q_src<D, T>(q_tile, row + 8 * e, 16 * j + 4 * q));
+      const float2 lo = unpack_16bit_pair<T>(w.x), hi = unpack_16bit_pair<T>(w.y);
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y))));
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    scale[e] = amax > 0.f ? amax / 448.f : 1.f;
+  }
+}
+// Loads the thread's converted words into `words` (before any store: q8_tile may overlay q_tile).
+template <int D, typename T>
+__device__ __forceinline__ void ws_q_convert_e4m3(const char* q_tile, int row, const float (&scale)[2],
+                                                  uint32_t (&words)[2][D / 16]) {
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float inv = 1.f / scale[e];
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      const uint2 w = *reinterpret_cast<const uint2*>(ws_q_src<D, T>(q_tile, row + 8 * e, 16 * j + 4 * q));
+      const float2 lo = unpack_16bit_pair<T>(w.x), hi = unpack_16bit_pair<T>(w.y);
+      words[e][j] = pack_e4m3x4(lo.x * inv, lo.y * inv, hi.x * inv, hi.y * inv);
+    }
+  }
+}
+template <int D>
+__device__ __forceinline__ void ws_q_store_e4m3(char* q8_tile, int row, const uint32_t (&words)[2][D / 16]) {
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      *reinterpret_cast<uint32_t*>(q8_tile + (j >> 3) * (64 * 128) + swizzled_offset<64>(row + 8 * e, j & 7) + 4 * q) =
+          words[e][j];
+    }
+}
+
+// Producer: the V rows of a tile (a staging slot, ws_staging_offset) written transposed into the
+// stage's V^T tile: row n = head dim n, kKeys bytes of keys (ws_vt_offset), key 16 g +
+// ws_v_key(p) at column 16 g + p. A task: key group g, the keys 16 g + 2 q + {0, 1, 8, 9}, 16 dims
+// 16 c ..: four 16-byte reads, a 4 x 4 byte transpose per 4 dims (8 byte permutes), 16 4-byte
+// writes at column 16 g + 4 q. kKeys / 16 x D / 16 x 4 tasks, 2 a thread: lane = 4 g + q (128 keys;
+// 64 keys: lane = 16 h + 4 g + q, a warp taking 2 chunks c an instruction). Reads conflict-free;
+// writes conflict-free at 128 keys (a warp's writes cover one 128-byte row), 2-way at 64.
+template <int D, int kKeys>
 __device__ __forceinline__ void ws_transpose_v(const char* staging, char* vt, int pt) {
+  constexpr int kGroups = kKeys / 16;          // key groups a lane index covers
+  constexpr int kChunkLanes = 32 / (4 * kGroups);  // dims chunks a warp instruction covers
+  static_assert((kKeys / 16) * (D / 16) * 4 == 2 * 128, "2 tasks a producer thread");
   const int lane = pt & 31;
   const int q = lane & 3;
-  const int g = lane >> 2;
+  const int g = (lane >> 2) & (kGroups - 1);
+  const int h = lane / (4 * kGroups);
 #pragma unroll
   for (int task = 0; task < 2; ++task) {
-    const int c = 2 * (pt >> 5) + task;  // 16 dims 16 c ..
+    const int c = ((pt >> 5) * 2 + task) * kChunkLanes + h;  // 16 dims 16 c ..
     uint4 r[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int key = 16 * g + 2 * q + (j & 1) + 8 * (j >> 1);
-      r[j] = *reinterpret_cast<const uint4*>(staging + ws_staging_offset(key, c));
+      r[j] = *reinterpret_cast<const uint4*>(staging + ws_staging_offset<kKeys>(key, c));
     }
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
@@ -131,46 +164,35 @@ __device__ __forceinline__ void ws_transpose_v(const char* staging, char* vt, in
                                __byte_perm(t2, t3, 0x7632)};
 #pragma unroll
       for (int b4 = 0; b4 < 4; ++b4) {
-        const int n = 16 * c + 4 * w + b4;
-        *reinterpret_cast<uint32_t*>(vt + n * 128 + ((g ^ (n & 7)) << 4) + 4 * q) = out[b4];
+        *reinterpret_cast<uint32_t*>(vt + ws_vt_offset<kKeys>(16 * c + 4 * w + b4, g, q)) = out[b4];
       }
     }
   }
 }
 
-// Consumer: the Q fragments of this thread (ws_q_fragments_e4m3) stored into the consumer's e4m3
-// Q tile (64 rows x D bytes, 128-byte swizzled, the A operand of issue_scores_e4m3): row r + 8 e,
-// bytes 32 ks + 16 h + 4 q; a warp's stores cover 8 rows x 128 bytes, no bank conflicts.
-template <int D>
-__device__ __forceinline__ void ws_store_q_e4m3(char* q8_tile, int row, const uint32_t (&qa)[D / 32][4]) {
-  static_assert(D == 128, "one 128-byte column block a row");
-  const int q = threadIdx.x & 3;
-#pragma unroll
-  for (int ks = 0; ks < D / 32; ++ks)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        *reinterpret_cast<uint32_t*>(q8_tile + swizzled_offset<64>(row + 8 * e, 2 * ks + h) + 4 * q) = qa[ks][2 * h + e];
-      }
-}
-
-// S (64 x NK) = Q8 . K8^T for one consumer's 64 rows, both operands in shared memory (K-major),
-// issued (not waited for): D / 32 k32 steps of 32 bytes inside 128-byte rows.
+// S (64 x NK) = Q8 . K8^T for one consumer's 64 rows, both operands in shared memory (K-major,
+// column blocks of 128 bytes: 64 rows apart in Q8, NK in K), issued (not waited for): D / 32 k32
+// steps, 32 bytes each.
 template <int D, int NK, typename Desc>
 __device__ __forceinline__ void issue_scores_e4m3(float (&s)[NK / 8][4], Desc q_desc, Desc k_desc) {
-  static_assert(NK == 128 && D == 128, "one 128-byte column block a row");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
   for (int kk = 0; kk < D / 32; ++kk) {
-    wgmma::OpsE4m3::ss_n128(s, wgmma::desc_at(q_desc, kk * 32), wgmma::desc_at(k_desc, kk * 32), kk > 0 ? 1 : 0);
+    const uint32_t qs = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
+    const uint32_t ks = (kk >> 2) * (NK * 128) + (kk & 3) * 32;
+    if constexpr (NK == 128) {
+      wgmma::OpsE4m3::ss_n128(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
+    } else {
+      static_assert(NK == 64);
+      wgmma::OpsE4m3::ss_n64(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
+    }
   }
   wgmma::commit();
 #endif
 }
 
-// O (64 x D) += P8 (64 x 32 KS keys, registers) . V8 (V^T tile, K-major), issued: step ks moves 32
-// keys (32 bytes of each V^T row).
+// O (64 x D) += P8 (64 x 32 KS keys, registers) . V8 (V^T tile, K-major, ws_vt_offset), issued:
+// step ks moves 32 keys (32 bytes of each V^T row).
 template <int D, int KS, typename Desc>
 __device__ __forceinline__ void issue_pv_e4m3(float (&o)[D / 8][4], const uint32_t (&pa)[KS][4], Desc vt_desc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

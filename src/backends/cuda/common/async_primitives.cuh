@@ -46,11 +46,15 @@ __device__ __forceinline__ int swizzled_offset(int row, int chunk) {
 }
 
 namespace wgmma {
-// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading / stride byte offsets.
-__device__ __forceinline__ uint64_t smem_desc(const void* ptr, uint32_t lbo, uint32_t sbo) {
+// Shared-memory matrix descriptor: start address, leading / stride byte offsets, swizzle (layout
+// type: kSwizzle128B, or kSwizzle64B for rows of 64 bytes, 8-row atoms of 512 bytes).
+inline constexpr uint32_t kSwizzle128B = 1;
+inline constexpr uint32_t kSwizzle64B = 2;
+__device__ __forceinline__ uint64_t smem_desc(const void* ptr, uint32_t lbo, uint32_t sbo,
+                                              uint32_t swizzle = kSwizzle128B) {
   const uint32_t a = smem_addr(ptr);
   return static_cast<uint64_t>((a & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16) |
-         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (uint64_t{1} << 62);
+         (static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32) | (static_cast<uint64_t>(swizzle) << 62);
 }
 // The same descriptor as its two 32-bit words: `lo` holds the start address (>> 4) and the
 // leading byte offset, `hi` the stride byte offset and the swizzle mode. A k-step moves the start
@@ -67,8 +71,9 @@ struct SmemDesc {
 // registers that wgmma reads its descriptors from, instead of 64-bit adds in ordinary registers
 // and a register-to-uniform move before every wgmma. The shuffle is volatile so that it stays
 // where it is called: hoisted out of a loop, its result would be kept in ordinary registers again.
-__device__ __forceinline__ SmemDesc uniform_desc(const void* ptr, uint32_t lbo, uint32_t sbo) {
-  const uint64_t d = smem_desc(ptr, lbo, sbo);
+__device__ __forceinline__ SmemDesc uniform_desc(const void* ptr, uint32_t lbo, uint32_t sbo,
+                                                 uint32_t swizzle = kSwizzle128B) {
+  const uint64_t d = smem_desc(ptr, lbo, sbo, swizzle);
   uint32_t lo;
   asm volatile("shfl.sync.idx.b32 %0, %1, 0, 0x1f, 0xffffffff;\n" : "=r"(lo) : "r"(static_cast<uint32_t>(d)));
   return SmemDesc{lo, static_cast<uint32_t>(d >> 32)};
