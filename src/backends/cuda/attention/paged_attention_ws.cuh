@@ -541,7 +541,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   };
   auto issue_s = [&](int stage) {
     if constexpr (kFp8) {
-      issue_scores_e4m3<D, W::kKeys>(s, q8_desc(), k_desc(stage));
+      issue_scores_with<D, wgmma::OpsE4m3, W::kKeys>(s, q8_desc(), k_desc(stage));
     } else {
       issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(stage));
     }

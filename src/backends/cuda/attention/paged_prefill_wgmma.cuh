@@ -149,23 +149,30 @@ struct WgmmaKvRows {
 
 // S (64 x NK) = Q_h . K^T for one 64-row block, issued (not waited for); K tiles of NK = 64 keys
 // (the wgmma path) or 128 (the warp-specialized kernel). Descriptors of the two tiles' starts; step
-// kk moves 32 bytes inside a 128-byte row, 4 steps to the next column block (64 rows apart in Q,
-// NK in K).
-template <int D, typename T, int NK = 64, typename Desc>
-__device__ __forceinline__ void issue_scores(float (&s)[NK / 8][4], Desc q_desc, Desc k_desc) {
+// kk (Ops::kK elements: 16 of a 16-bit type, 32 of e4m3) moves 32 bytes inside a 128-byte row, 4
+// steps to the next column block (64 rows apart in Q, NK in K). Ops: wgmma::Ops<T> or
+// wgmma::OpsE4m3.
+template <int D, class Ops, int NK, typename Desc>
+__device__ __forceinline__ void issue_scores_with(float (&s)[NK / 8][4], Desc q_desc, Desc k_desc) {
   static_assert(NK == 64 || NK == 128);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
+  for (int kk = 0; kk < D / Ops::kK; ++kk) {
     const uint32_t qs = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
     const uint32_t ks = (kk >> 2) * (NK * 128) + (kk & 3) * 32;
     if constexpr (NK == 64) {
-      wgmma::Ops<T>::ss_n64(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
+      Ops::ss_n64(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
     } else {
-      wgmma::Ops<T>::ss_n128(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
+      Ops::ss_n128(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
     }
   }
   wgmma::commit();
+#endif
+}
+template <int D, typename T, int NK = 64, typename Desc>
+__device__ __forceinline__ void issue_scores(float (&s)[NK / 8][4], Desc q_desc, Desc k_desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  issue_scores_with<D, wgmma::Ops<T>, NK>(s, q_desc, k_desc);
 #endif
 }
 

@@ -76,11 +76,12 @@ __device__ __forceinline__ int ws_vt_offset(int n, int g, int q) {
 // Consumer: this thread's Q rows r = row, row + 8 of its warpgroup's 64-row tile (16-bit, swizzled
 // column blocks of 64 rows x 128 bytes) quantised to e4m3 and stored into the consumer's e4m3 Q
 // tile (64 rows x D bytes, column blocks of 64 rows x 128 bytes, 128-byte swizzle: the A operand
-// of issue_scores_e4m3). Each row's scale (amax / 448, reduced over the quad that holds the row)
-// goes to scale[e]: no row saturates, and the softmax multiplies it back through its per-row
-// factor. A thread handles columns 16 j + 4 q .. + 3 (q = lane % 4) of its rows: two passes over
-// the 16-bit tile (the amax, then the conversion), no register arrays; a warp's stores cover 8
-// rows x 128 bytes, no bank conflicts. q_tile and q8_tile may be the same rows (callers order it).
+// of S = Q8 . K8^T, issue_scores_with). Each row's scale (amax / 448, reduced over the quad that
+// holds the row) goes to scale[e]: no row saturates, and the softmax multiplies it back through
+// its per-row factor. A thread handles columns 16 j + 4 q .. + 3 (q = lane % 4) of its rows: two
+// passes over the 16-bit tile (the amax, then the conversion), no register arrays; a warp's
+// stores cover 8 rows x 128 bytes, no bank conflicts. q_tile and q8_tile may be the same rows
+// (callers order it).
 template <int D, typename T>
 __device__ __forceinline__ const char* ws_q_src(const char* q_tile, int row, int col) {
   return q_tile + (col >> 6) * (64 * 128) + swizzled_offset<64>(row, (col & 63) >> 3) + (col & 7) * 2;
@@ -168,27 +169,6 @@ __device__ __forceinline__ void ws_transpose_v(const char* staging, char* vt, in
       }
     }
   }
-}
-
-// S (64 x NK) = Q8 . K8^T for one consumer's 64 rows, both operands in shared memory (K-major,
-// column blocks of 128 bytes: 64 rows apart in Q8, NK in K), issued (not waited for): D / 32 k32
-// steps, 32 bytes each.
-template <int D, int NK, typename Desc>
-__device__ __forceinline__ void issue_scores_e4m3(float (&s)[NK / 8][4], Desc q_desc, Desc k_desc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#pragma unroll
-  for (int kk = 0; kk < D / 32; ++kk) {
-    const uint32_t qs = (kk >> 2) * (64 * 128) + (kk & 3) * 32;
-    const uint32_t ks = (kk >> 2) * (NK * 128) + (kk & 3) * 32;
-    if constexpr (NK == 128) {
-      wgmma::OpsE4m3::ss_n128(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
-    } else {
-      static_assert(NK == 64);
-      wgmma::OpsE4m3::ss_n64(s, wgmma::desc_at(q_desc, qs), wgmma::desc_at(k_desc, ks), kk > 0 ? 1 : 0);
-    }
-  }
-  wgmma::commit();
-#endif
 }
 
 // O (64 x D) += P8 (64 x 32 KS keys, registers) . V8 (V^T tile, K-major, ws_vt_offset), issued:
