@@ -9,15 +9,16 @@
 //         | "mla="     (auto | mma)                the CUDA_MLA decode kernel
 // e.g. PAGEDATTN_CUDA_KERNEL=prefill=mma,decode=unified. A key may appear once; anything else is
 // an Error naming the variable and listing this grammar.
-//   prefill: auto = with 16-bit caches on sm_90a the warp-specialized kernel at head sizes 64 and
-//            128 (head_size == head_size_v), the one-warpgroup wgmma path at 256; mma.sync
-//            elsewhere. mma = the mma.sync prefill path everywhere; wgmma = the one-warpgroup
-//            wgmma path where it exists (D = 64 / 128 / 256), mma.sync elsewhere; ws = the same
-//            as auto.
+//   prefill: auto = on sm_90a the warp-specialized kernel at head sizes 64, 128 and 256 with a
+//            16-bit cache and at 128 and 256 with an fp8 e4m3 cache (head_size == head_size_v,
+//            K/V strides under 4 GiB), else the one-warpgroup wgmma path where it exists (16-bit,
+//            D = 64 / 128 / 256), mma.sync elsewhere (kernel_selection.h). mma = the mma.sync
+//            prefill path everywhere; wgmma = the one-warpgroup wgmma path where it exists,
+//            mma.sync elsewhere; ws = the same as auto.
 //   decode:  auto = the decode-only kernel for batches of decodes at head sizes <= 128, but not the
-//            smallest (chunks under 8 tiles) nor, where the warp-specialized kernel runs, the
-//            large ones (over 32 64-key tiles per SM); decode = the decode-only kernel for every
-//            batch of decodes; unified = never.
+//            smallest (chunks under 8 tiles) nor, where the warp-specialized kernel runs with a
+//            16-bit cache, the large ones (over 32 64-key tiles per SM); decode = the decode-only
+//            kernel for every batch of decodes; unified = never.
 //   mla:     auto = the wgmma kernel for >= 64 heads with a 16-bit cache on sm_90a, mma.sync
 //            elsewhere; mma = the mma.sync kernel for every head count.
 // The builders read the override once, at construction, and store the kernel they chose in each
