@@ -71,7 +71,7 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   const bool ws_strides_ok =
       !cached || ws_strides_fit(spec_.block_size * row_elems, row_elems, spec_.block_size * row_elems, row_elems,
                                 spec_.block_size);
-  const int fp8_format = !fp8_kv ? 0 : spec_.dtype == DType::fp8_e4m3 ? 1 : 2;
+  const int fp8_format = fp8_kv ? fp8_format_of(spec_.dtype) : 0;
   kernel_ = select_attention_kernel(choice.prefill, config_.head_size, config_.head_size_v, fp8_format,
                                     wgmma_kernels_available(), ws_strides_ok);
   // Occupancy is the same for f16 and bf16 activations.

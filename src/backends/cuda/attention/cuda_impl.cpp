@@ -260,7 +260,7 @@ AttentionKernelParams CudaAttentionImpl::kernel_params(const LayerScales& scales
   p.num_heads = num_heads;
   p.num_kv_heads = num_kv_heads;
   p.group_size = num_heads / num_kv_heads;
-  p.fp8_format = cache_dtype_ == DType::fp8_e4m3 ? 1 : cache_dtype_ == DType::fp8_e5m2 ? 2 : 0;
+  p.fp8_format = fp8_format_of(cache_dtype_);
   p.scale = params_.scale;
   p.k_scale = k_scale;
   p.v_scale = v_scale;

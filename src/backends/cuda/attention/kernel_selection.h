@@ -25,6 +25,7 @@
 
 #include "backends/cuda/attention/attention_plan.h"
 #include "backends/cuda/common/kernel_override.h"
+#include "pagedattn/dtype.h"
 
 namespace pagedattn::cuda {
 
@@ -38,6 +39,11 @@ constexpr bool wgmma_prefill_head_size(int d) { return d == 64 || d == 128 || d 
 constexpr bool ws_kernel_head_size(int d) { return d == 64 || d == 128 || d == 256; }
 constexpr bool ws_e4m3_head_size(int d) { return d == 128 || d == 256; }  // with an fp8 e4m3 cache
 constexpr bool decode_kernel_head_size(int d) { return d <= 128; }
+
+// AttentionKernelParams::fp8_format of a cache dtype: 1 e4m3, 2 e5m2, 0 a 16-bit (or no) cache.
+constexpr int fp8_format_of(DType kv_dtype) {
+  return kv_dtype == DType::fp8_e4m3 ? 1 : kv_dtype == DType::fp8_e5m2 ? 2 : 0;
+}
 
 // The kernel of a layer's plans that are not decode-only. fp8_format: the cache's, as
 // AttentionKernelParams::fp8_format (0: 16-bit, 1: e4m3, 2: e5m2); wgmma_image: the device loads

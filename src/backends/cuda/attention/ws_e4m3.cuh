@@ -82,7 +82,6 @@ __device__ __forceinline__ int ws_vt_offset(int n, int g, int q) {
 // passes over the 16-bit tile (the amax, then the conversion), no register arrays; a warp's
 // stores cover 8 rows x 128 bytes, no bank conflicts. q_tile and q8_tile may be the same rows
 // (callers order it).
-template <int D, typename T>
 __device__ __forceinline__ const char* ws_q_src(const char* q_tile, int row, int col) {
   return q_tile + (col >> 6) * (64 * 128) + swizzled_offset<64>(row, (col & 63) >> 3) + (col & 7) * 2;
 }
@@ -94,7 +93,7 @@ __device__ __forceinline__ void ws_q_amax_e4m3(const char* q_tile, int row, floa
     float amax = 0.f;
 #pragma unroll
     for (int j = 0; j < D / 16; ++j) {
-      const uint2 w = *reinterpret_cast<const uint2*>(ws_q_src<D, T>(q_tile, row + 8 * e, 16 * j + 4 * q));
+      const uint2 w = *reinterpret_cast<const uint2*>(ws_q_src(q_tile, row + 8 * e, 16 * j + 4 * q));
       const float2 lo = unpack_16bit_pair<T>(w.x), hi = unpack_16bit_pair<T>(w.y);
       amax = fmaxf(amax, fmaxf(fmaxf(fabsf(lo.x), fabsf(lo.y)), fmaxf(fabsf(hi.x), fabsf(hi.y))));
     }
@@ -113,7 +112,7 @@ __device__ __forceinline__ void ws_q_convert_e4m3(const char* q_tile, int row, c
     const float inv = 1.f / scale[e];
 #pragma unroll
     for (int j = 0; j < D / 16; ++j) {
-      const uint2 w = *reinterpret_cast<const uint2*>(ws_q_src<D, T>(q_tile, row + 8 * e, 16 * j + 4 * q));
+      const uint2 w = *reinterpret_cast<const uint2*>(ws_q_src(q_tile, row + 8 * e, 16 * j + 4 * q));
       const float2 lo = unpack_16bit_pair<T>(w.x), hi = unpack_16bit_pair<T>(w.y);
       words[e][j] = pack_e4m3x4(lo.x * inv, lo.y * inv, hi.x * inv, hi.y * inv);
     }
