@@ -120,7 +120,7 @@ void probe(int seqs, int len) {
   BENCH_CUDA(cudaMalloc(&trace, entries * sizeof(unsigned long long)));
   BENCH_CUDA(cudaMemset(trace, 0, entries * sizeof(unsigned long long)));
   BENCH_CUDA(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
-  auto kernel = paged_attention_ws_kernel<D, __nv_bfloat16, false, ClockTrace>;
+  auto kernel = paged_attention_ws_kernel<D, __nv_bfloat16, false, false, ClockTrace>;
   BENCH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WsTraits<D>::kSmemBytes));
   kernel<<<grid, WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes>>>(p);  // warm
   BENCH_CUDA(cudaDeviceSynchronize());

@@ -62,8 +62,8 @@ TEST(CudaKernelOverride, ProgrammaticOverrideWins) {
   }
 }
 
-// Which kernel runs the plans that are not decode-only: ws (16-bit, D = 64 / 128 / 256, or e4m3
-// at D = 128 / 256; equal head sizes, sm_90a image, strides that fit), else the wgmma path (16-bit, D =
+// Which kernel runs the plans that are not decode-only: ws (16-bit, D = 64 / 128 / 256, or fp8
+// e4m3 / e5m2 at D = 128 / 256; equal head sizes, sm_90a image, strides that fit), else the wgmma path (16-bit, D =
 // 64 / 128 / 256), else mma.sync.
 TEST(CudaAttentionKernelSelection, ChoosesOncePerLayer) {
   const auto select = [](PrefillKernelChoice c, int d, int dv, int fp8, bool image = true, bool fits = true) {
@@ -76,9 +76,13 @@ TEST(CudaAttentionKernelSelection, ChoosesOncePerLayer) {
   EXPECT_EQ(select(kAuto, 256, 256, 0, true, false), AttentionKernel::wgmma);  // strides over 32 bits
   for (int d : {80, 96, 192}) EXPECT_EQ(select(kAuto, d, d, 0), AttentionKernel::mma) << d;
   EXPECT_EQ(select(kAuto, 128, 128, 1), AttentionKernel::ws);             // fp8 e4m3 cache
-  EXPECT_EQ(select(kAuto, 128, 128, 2), AttentionKernel::mma);            // fp8 e5m2 cache
+  EXPECT_EQ(select(kAuto, 128, 128, 2), AttentionKernel::ws);             // fp8 e5m2 cache
   EXPECT_EQ(select(kAuto, 256, 256, 1), AttentionKernel::ws);
-  for (int d : {64, 96}) EXPECT_EQ(select(kAuto, d, d, 1), AttentionKernel::mma) << d;
+  EXPECT_EQ(select(kAuto, 256, 256, 2), AttentionKernel::ws);
+  for (int fp8 : {1, 2}) {
+    for (int d : {64, 96}) EXPECT_EQ(select(kAuto, d, d, fp8), AttentionKernel::mma) << d;
+  }
+  EXPECT_EQ(select(kAuto, 128, 64, 2), AttentionKernel::mma);  // head_size_v != head_size
   EXPECT_EQ(select(PrefillKernelChoice::wgmma, 128, 128, 1), AttentionKernel::mma);
   EXPECT_EQ(select(kAuto, 128, 128, 1, false), AttentionKernel::mma);  // no sm_90a image
   EXPECT_EQ(select(kAuto, 128, 64, 0), AttentionKernel::mma);           // head_size_v != head_size

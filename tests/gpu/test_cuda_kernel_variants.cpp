@@ -112,9 +112,10 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
       }
     }
   }
-  // fp8 e4m3 caches: every head-size-128 and 256 case again (the warp-specialized kernel's 8-bit
-  // path under auto and prefill=ws; mma.sync under the other overrides), per-head scales on every
-  // other one; and one case at the first head size (mma.sync under every override at 64).
+  // fp8 caches: every head-size-128 and 256 case again with e4m3, every other one with e5m2 too
+  // (the warp-specialized kernel's 8-bit path under auto and prefill=ws; mma.sync under the other
+  // overrides), per-head scales on every other one; and one case at the first head size (mma.sync
+  // under every override at 64).
   const size_t grid = cases.size();
   for (size_t i = 0; i < grid; ++i) {
     if ((cases[i].head_size != 128 && cases[i].head_size != 256) || cases[i].head_size_v != 0) continue;
@@ -122,6 +123,11 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
     fp8.kv_cache_dtype = "fp8_e4m3";
     fp8.per_head_kv_scales = i % 2 == 1;
     cases.push_back(fp8);
+    if (i % 2 == 0) {
+      fp8.kv_cache_dtype = "fp8_e5m2";
+      fp8.per_head_kv_scales = i % 4 == 0;
+      cases.push_back(fp8);
+    }
   }
   ConformanceCase fp8 = cases[0];
   fp8.kv_cache_dtype = "fp8_e4m3";
@@ -159,7 +165,8 @@ int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_
                                conformance::run_backend(conformance::reference(), Device::cpu, inputs));
       EXPECT_TRUE(result.passed()) << result.describe();
       if (cases[i].fp8_kv() && md->kernel == AttentionKernel::ws) {
-        // The 8-bit wgmma path also rounds Q (per row) and P to e4m3: the fp8 tolerance.
+        // The 8-bit wgmma path also rounds Q (per row) and P to e4m3 (with either cache format):
+        // the fp8 tolerance.
         max_e4m3_mma_error = std::max(max_e4m3_mma_error, result.output_rel_error);
       } else if (cases[i].fp8_kv()) {
         // The stored fp8 values are exact in f16 and bf16 and the REFERENCE reads the same ones,
@@ -214,9 +221,9 @@ TEST(CudaKernelVariants, WgmmaImageLoadsOnHopper) {
 }
 
 // The kernel a builder stores in its (prefill) plans, chosen once from the layer, the cache, the
-// device and the override: under auto 16-bit head sizes 64, 128 and 256 and e4m3 at 128 and 256 take the
-// warp-specialized kernel (1 CTA of 384 threads per SM), other fp8 caches and head_size_v != head_size
-// mma.sync (2 CTAs per SM at head sizes <= 128); under prefill=wgmma no plan takes ws; under
+// device and the override: under auto 16-bit head sizes 64, 128 and 256 and fp8 (e4m3, e5m2) at 128
+// and 256 take the warp-specialized kernel (1 CTA of 384 threads per SM), fp8 at other head sizes and
+// head_size_v != head_size mma.sync (2 CTAs per SM at head sizes <= 128); under prefill=wgmma no plan takes ws; under
 // prefill=mma every plan runs mma.sync.
 TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
   PAGEDATTN_REQUIRE_GPU();
@@ -239,7 +246,9 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
     EXPECT_EQ(plan_kernel(256, DType::bf16, "auto"), AttentionKernel::ws);
     EXPECT_EQ(plan_kernel(96, DType::bf16, "auto"), AttentionKernel::mma);
     EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e4m3"), AttentionKernel::ws);
-    EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e5m2"), AttentionKernel::mma);
+    EXPECT_EQ(plan_kernel(128, DType::bf16, "fp8_e5m2"), AttentionKernel::ws);
+    EXPECT_EQ(plan_kernel(256, DType::bf16, "fp8_e5m2"), AttentionKernel::ws);
+    EXPECT_EQ(plan_kernel(64, DType::f16, "fp8_e5m2"), AttentionKernel::mma);
     EXPECT_EQ(plan_kernel(256, DType::f16, "fp8_e4m3"), AttentionKernel::ws);
     EXPECT_EQ(plan_kernel(64, DType::bf16, "fp8_e4m3"), AttentionKernel::mma);
     EXPECT_EQ(plan_kernel(128, DType::bf16, "auto", 64), AttentionKernel::mma);

@@ -51,10 +51,11 @@ void configure_decode_kernel() {
 }
 
 // The warp-specialized kernel (paged_attention_ws.cuh): shared-memory limit raised once per device.
-template <int D, typename T, bool kFp8>
+template <int D, typename T, bool kFp8, bool kE5m2>
 void configure_ws_kernel() {
   static std::atomic<uint64_t> configured_devices{0};
-  raise_smem_limit_once(configured_devices, reinterpret_cast<const void*>(paged_attention_ws_kernel<D, T, kFp8>),
+  raise_smem_limit_once(configured_devices,
+                        reinterpret_cast<const void*>(paged_attention_ws_kernel<D, T, kFp8, kE5m2>),
                         WsTraits<D, kFp8>::kSmemBytes, "cudaFuncSetAttribute(paged_attention_ws_kernel)");
 }
 
@@ -97,11 +98,12 @@ AttentionKernelInfo attention_kernel_info_for(AttentionKernel kernel) {
       break;
     case AttentionKernel::ws:
       if constexpr (WsTraits<D, kFp8>::kSupported) {
+        // (the e4m3 and e5m2 instances share their traits: the e4m3 one stands for both)
         using W = WsTraits<D, kFp8>;
-        configure_ws_kernel<D, T, kFp8>();
+        configure_ws_kernel<D, T, kFp8, false>();
         info.smem_bytes = W::kSmemBytes;
         info.rows_prefill = W::kRows;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_ws_kernel<D, T, kFp8>,
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_ws_kernel<D, T, kFp8, false>,
                                                       W::kThreads, W::kSmemBytes);
         check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_ws_kernel)");
         return info;
@@ -147,14 +149,18 @@ void launch_for(const AttentionKernelParams& params, AttentionKernel kernel, int
       }
       break;
     case AttentionKernel::ws:
-      // (fp8: the e4m3 instance; the builder never plans it for an e5m2 cache.)
+      // (fp8: the instance of the cache's format, e4m3 or e5m2)
       if constexpr (WsTraits<D, kFp8>::kSupported) {
-        if (kFp8 && params.fp8_format != 1) break;
         using W = WsTraits<D, kFp8>;
-        configure_ws_kernel<D, T, kFp8>();
-        paged_attention_ws_kernel<D, T, kFp8><<<grid, W::kThreads, W::kSmemBytes, stream>>>(params);
-        check_launch("paged_attention_ws_kernel");
-        return;
+        const auto launch = [&]<bool kE5m2>() {
+          configure_ws_kernel<D, T, kFp8, kE5m2>();
+          paged_attention_ws_kernel<D, T, kFp8, kE5m2><<<grid, W::kThreads, W::kSmemBytes, stream>>>(params);
+          check_launch("paged_attention_ws_kernel");
+        };
+        if constexpr (kFp8) {
+          if (params.fp8_format == 2) return launch.template operator()<true>();
+        }
+        return launch.template operator()<false>();
       }
       break;
     case AttentionKernel::wgmma:

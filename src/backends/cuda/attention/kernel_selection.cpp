@@ -16,12 +16,10 @@ const char* attention_kernel_name(AttentionKernel kernel) {
 
 AttentionKernel select_attention_kernel(PrefillKernelChoice choice, int head_size, int head_size_v, int fp8_format,
                                         bool wgmma_image, bool ws_strides_ok) {
-  // The wgmma paths have no narrow-row copies; of fp8 caches only e4m3 has an 8-bit wgmma path
-  // (the warp-specialized kernel's, at D = 128 and 256).
+  // The wgmma paths have no narrow-row copies; fp8 caches (e4m3 and e5m2) have an 8-bit wgmma
+  // path in the warp-specialized kernel, at D = 128 and 256.
   const bool hopper_paths = head_size == head_size_v && wgmma_image;
-  const bool ws_head_size = fp8_format == 0   ? ws_kernel_head_size(head_size)
-                            : fp8_format == 1 ? ws_e4m3_head_size(head_size)
-                                              : false;
+  const bool ws_head_size = fp8_format == 0 ? ws_kernel_head_size(head_size) : ws_fp8_head_size(head_size);
   if (hopper_paths && ws_head_size && ws_strides_ok &&
       (choice == PrefillKernelChoice::automatic || choice == PrefillKernelChoice::ws)) {
     return AttentionKernel::ws;

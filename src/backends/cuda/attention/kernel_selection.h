@@ -10,7 +10,7 @@
 //           sm_90a;
 //   ws      the warp-specialized kernel (paged_attention_ws.cuh: a producer warpgroup and two wgmma
 //           consumer warpgroups, one code path for every item): head_size == head_size_v = 64, 128
-//           or 256 with a 16-bit cache, 128 or 256 with an fp8 e4m3 cache (8-bit wgmma, ws_e4m3.cuh),
+//           or 256 with a 16-bit cache, 128 or 256 with an fp8 cache (e4m3 or e5m2: 8-bit wgmma, ws_fp8.cuh),
 //           sm_90a, K/V strides under 4 GiB;
 //   decode  the decode-only kernel (paged_decode_kernel.cuh): head sizes <= 128; the planner gives
 //           it the batches whose items are all decode-path items (planner.h).
@@ -37,7 +37,7 @@ const char* attention_kernel_name(AttentionKernel kernel);
 // Head sizes (D = max(head_size, head_size_v)) each kernel is compiled for.
 constexpr bool wgmma_prefill_head_size(int d) { return d == 64 || d == 128 || d == 256; }
 constexpr bool ws_kernel_head_size(int d) { return d == 64 || d == 128 || d == 256; }
-constexpr bool ws_e4m3_head_size(int d) { return d == 128 || d == 256; }  // with an fp8 e4m3 cache
+constexpr bool ws_fp8_head_size(int d) { return d == 128 || d == 256; }  // with an fp8 cache
 constexpr bool decode_kernel_head_size(int d) { return d <= 128; }
 
 // AttentionKernelParams::fp8_format of a cache dtype: 1 e4m3, 2 e5m2, 0 a 16-bit (or no) cache.

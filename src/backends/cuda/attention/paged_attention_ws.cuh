@@ -1,6 +1,6 @@
 // Warp-specialized Hopper kernel of the paged attention (AttentionKernel::ws, kernel_selection.h):
-// 16-bit caches at head sizes D = 64, 128 and 256, and fp8 e4m3 caches at D = 128 and 256 on the
-// 8-bit wgmma (kFp8: what changes is in ws_e4m3.cuh), head_size == head_size_v == D, sm_90a. It
+// 16-bit caches at head sizes D = 64, 128 and 256, and fp8 (e4m3, e5m2) caches at D = 128 and 256
+// on the 8-bit wgmma (kFp8: what changes is in ws_fp8.cuh), head_size == head_size_v == D, sm_90a. It
 // computes exactly what paged_attention_kernel computes for the same plan (attention_plan.h: every
 // work item, decode-path or prefill-path, split or not), with one code path for both kinds of item.
 //
@@ -82,12 +82,13 @@ struct WsNoTrace {
 
 // Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..; decode-path items:
 // rows 0.. and every other tile, merged into consumer 1), then its output.
-template <int D, typename T, bool kFp8, class Trace = WsNoTrace>
+template <int D, typename T, bool kFp8, bool kE5m2, class Trace = WsNoTrace>
 __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContext& ctx, char* smem,
                                 const WsBarriers<WsTraits<D, kFp8>>& bars, RingPos& ring, int qb, uint32_t q_phase,
                                 int wg, Trace& trace) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using W = WsTraits<D, kFp8>;
+  using Ops8 = wgmma::OpsFp8<kE5m2>;  // fp8: e4m3 Q / P times the cache's e4m3 / e5m2 K / V
   const int warp = (threadIdx.x >> 5) & 3;
   const int lane = threadIdx.x & 31;
   const int quad_row = lane >> 2;
@@ -147,14 +148,14 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   };
   auto issue_s = [&](int stage) {
     if constexpr (kFp8) {
-      issue_scores_with<D, wgmma::OpsE4m3, W::kKeys>(s, q8_desc(), k_desc(stage));
+      issue_scores_with<D, Ops8, W::kKeys>(s, q8_desc(), k_desc(stage));
     } else {
       issue_scores<D, T, W::kKeys>(s, q_desc(), k_desc(stage));
     }
   };
   auto issue_o = [&](int stage) {
     if constexpr (kFp8) {
-      issue_pv_e4m3<D>(o, pa, v_desc(stage));
+      issue_pv_fp8<D, Ops8>(o, pa, v_desc(stage));
     } else {
       issue_pv<D, T>(o, pa, v_desc(stage));
     }
@@ -444,9 +445,9 @@ __device__ __forceinline__ void ws_for_each_item(const AttentionKernelParams& p,
   for (int n = 0; n < count; ++n) f(cta + (backwards ? count - 1 - n : n) * grid, n);
 }
 
-// kFp8: an fp8 e4m3 cache (ws_e4m3.cuh). Trace: WsNoTrace, or the timeline probe's recorder
-// (bench/ws_timeline_probe.cu).
-template <int D, typename T, bool kFp8 = false, class Trace = WsNoTrace>
+// kFp8: an fp8 cache (ws_fp8.cuh), e5m2 when kE5m2, else e4m3. Trace: WsNoTrace, or the timeline
+// probe's recorder (bench/ws_timeline_probe.cu).
+template <int D, typename T, bool kFp8 = false, bool kE5m2 = false, class Trace = WsNoTrace>
 __global__ void __launch_bounds__(WsTraits<D, kFp8>::kThreads, 1)
     paged_attention_ws_kernel(const AttentionKernelParams p) {
   using W = WsTraits<D, kFp8>;
@@ -493,7 +494,7 @@ __global__ void __launch_bounds__(WsTraits<D, kFp8>::kThreads, 1)
     Trace trace{};
     ws_for_each_item(p, [&](int i, int n) {
       const ItemContext ctx = make_item_context(p, p.items[i]);
-      ws_consume_item<D, T, kFp8, Trace>(p, ctx, smem, bars, ring, n % W::kQBuffers, (n / W::kQBuffers) & 1,
+      ws_consume_item<D, T, kFp8, kE5m2, Trace>(p, ctx, smem, bars, ring, n % W::kQBuffers, (n / W::kQBuffers) & 1,
                                          role - 1, trace);
     });
   }

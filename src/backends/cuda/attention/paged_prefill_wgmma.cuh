@@ -149,9 +149,9 @@ struct WgmmaKvRows {
 
 // S (64 x NK) = Q_h . K^T for one 64-row block, issued (not waited for); K tiles of NK = 64 keys
 // (the wgmma path) or 128 (the warp-specialized kernel). Descriptors of the two tiles' starts; step
-// kk (Ops::kK elements: 16 of a 16-bit type, 32 of e4m3) moves 32 bytes inside a 128-byte row, 4
+// kk (Ops::kK elements: 16 of a 16-bit type, 32 of fp8) moves 32 bytes inside a 128-byte row, 4
 // steps to the next column block (64 rows apart in Q, NK in K). Ops: wgmma::Ops<T> or
-// wgmma::OpsE4m3.
+// wgmma::OpsFp8.
 template <int D, class Ops, int NK, typename Desc>
 __device__ __forceinline__ void issue_scores_with(float (&s)[NK / 8][4], Desc q_desc, Desc k_desc) {
   static_assert(NK == 64 || NK == 128);

@@ -1,5 +1,5 @@
 // The warp-specialized kernel's pipeline (paged_attention_ws.cuh): its traits (tile shapes, the
-// shared-memory layout, the register split, for 16-bit and fp8 e4m3 caches), the per-item tile
+// shared-memory layout, the register split, for 16-bit and fp8 caches), the per-item tile
 // range, the stage and Q barriers, a consumer's waits and releases of a stage, the ring position.
 #pragma once
 
@@ -9,12 +9,12 @@
 
 namespace pagedattn::cuda {
 
-// kFp8: an fp8 e4m3 cache on the 8-bit wgmma (ws_e4m3.cuh): K tiles of D bytes a row, V^T tiles
+// kFp8: an fp8 cache (e4m3 or e5m2) on the 8-bit wgmma (ws_fp8.cuh): K tiles of D bytes a row, V^T tiles
 // of kKeys bytes a row, a staging ring of kStagingSlots V tiles as copied, the 16-bit Q buffer and
 // a consumer's e4m3 Q tile (at D = 256 inside the Q buffer: no room beside it).
 template <int D, bool kFp8 = false>
 struct WsTraits {
-  static constexpr bool kSupported = kFp8 ? ws_e4m3_head_size(D) : ws_kernel_head_size(D);
+  static constexpr bool kSupported = kFp8 ? ws_fp8_head_size(D) : ws_kernel_head_size(D);
   static constexpr bool kE4m3 = kFp8;
   static constexpr int kHeadSize = D;
   static constexpr int kElemBytes = kFp8 ? 1 : 2;  // K and V in shared memory

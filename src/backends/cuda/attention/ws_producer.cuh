@@ -1,9 +1,9 @@
 // The warp-specialized kernel's producer warpgroup (paged_attention_ws.cuh): the Q copies, the K/V
 // copier (page ids read two tiles ahead, the fast path for the usual cache), the fp8 V^T writes it
-// owes (WsTransposer, ws_e4m3.cuh), and one item's production.
+// owes (WsTransposer, ws_fp8.cuh), and one item's production.
 #pragma once
 
-#include "backends/cuda/attention/ws_e4m3.cuh"
+#include "backends/cuda/attention/ws_fp8.cuh"
 #include "backends/cuda/attention/ws_pipeline.cuh"
 
 namespace pagedattn::cuda {

@@ -294,32 +294,43 @@ struct Ops {
     }
   }
 };
-// fp8 e4m3 operands (wgmma k32): both operands K-major (8-bit types have no transpose), A of the
-// RS form as 4 registers of 4 bytes (row r: columns 4 (lane % 4) .. + 3 and 16 + those; row r + 8:
-// the same), f32 accumulators in the 16-bit types' layout.
-struct OpsE4m3 {
+// fp8 operands (wgmma k32): A e4m3 (the kernel's own quantised Q or P), B in the cache's format,
+// e4m3 or e5m2 (kBE5m2; the tensor core takes the two formats mixed); both operands K-major (8-bit
+// types have no transpose), A of the RS form as 4 registers of 4 bytes (row r: columns
+// 4 (lane % 4) .. + 3 and 16 + those; row r + 8: the same), f32 accumulators in the 16-bit types'
+// layout.
+#define PAGEDATTN_WGMMA_FP8(MACRO, SHAPE)                     \
+  if constexpr (kBE5m2) {                                     \
+    MACRO(SHAPE ".f32.e4m3.e5m2", "");                        \
+  } else {                                                    \
+    MACRO(SHAPE ".f32.e4m3.e4m3", "");                        \
+  }
+template <bool kBE5m2>
+struct OpsFp8 {
   static constexpr int kK = 32;
   static __device__ __forceinline__ void ss_n64(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    PAGEDATTN_WGMMA_SS_M64N64("m64n64k32.f32.e4m3.e4m3", "");
+    PAGEDATTN_WGMMA_FP8(PAGEDATTN_WGMMA_SS_M64N64, "m64n64k32")
   }
   static __device__ __forceinline__ void ss_n128(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
                                                  int scale_d) {
-    PAGEDATTN_WGMMA_SS_M64N128("m64n128k32.f32.e4m3.e4m3", "");
+    PAGEDATTN_WGMMA_FP8(PAGEDATTN_WGMMA_SS_M64N128, "m64n128k32")
   }
-  // B K-major; scale_d = 0: D = A . B (the accumulators' values ignored).
+  // D (+)= A (registers) . B (K-major); scale_d = 0: D = A . B (the accumulators' values ignored).
   template <int N>
   static __device__ __forceinline__ void rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc_b,
                                             int scale_d = 1) {
     if constexpr (N == 64) {
-      PAGEDATTN_WGMMA_RS_M64N64("m64n64k32.f32.e4m3.e4m3", "");
+      PAGEDATTN_WGMMA_FP8(PAGEDATTN_WGMMA_RS_M64N64, "m64n64k32")
     } else if constexpr (N == 128) {
-      PAGEDATTN_WGMMA_RS_M64N128("m64n128k32.f32.e4m3.e4m3", "");
+      PAGEDATTN_WGMMA_FP8(PAGEDATTN_WGMMA_RS_M64N128, "m64n128k32")
     } else {
       static_assert(N == 256);
-      PAGEDATTN_WGMMA_RS_M64N256("m64n256k32.f32.e4m3.e4m3", "");
+      PAGEDATTN_WGMMA_FP8(PAGEDATTN_WGMMA_RS_M64N256, "m64n256k32")
     }
   }
 };
+using OpsE4m3 = OpsFp8<false>;
+#undef PAGEDATTN_WGMMA_FP8
 #undef PAGEDATTN_WGMMA_BY_TYPE
 #undef PAGEDATTN_WGMMA_SS_M64N64
 #undef PAGEDATTN_WGMMA_SS_M64N128

@@ -10,7 +10,7 @@
 // e.g. PAGEDATTN_CUDA_KERNEL=prefill=mma,decode=unified. A key may appear once; anything else is
 // an Error naming the variable and listing this grammar.
 //   prefill: auto = on sm_90a the warp-specialized kernel at head sizes 64, 128 and 256 with a
-//            16-bit cache and at 128 and 256 with an fp8 e4m3 cache (head_size == head_size_v,
+//            16-bit cache and at 128 and 256 with an fp8 (e4m3, e5m2) cache (head_size == head_size_v,
 //            K/V strides under 4 GiB), else the one-warpgroup wgmma path where it exists (16-bit,
 //            D = 64 / 128 / 256), mma.sync elsewhere (kernel_selection.h). mma = the mma.sync
 //            prefill path everywhere; wgmma = the one-warpgroup wgmma path where it exists,

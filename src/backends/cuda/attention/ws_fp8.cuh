@@ -1,6 +1,7 @@
-// The fp8 e4m3 operand path of the warp-specialized kernel (paged_attention_ws.cuh, kFp8): both
+// The fp8 operand path of the warp-specialized kernel (paged_attention_ws.cuh, kFp8): both
 // products run on the tensor core's 8-bit wgmma (k32, twice the 16-bit rate) on the cache bytes as
-// they are, instead of widening K and V to 16 bits.
+// they are, instead of widening K and V to 16 bits. The cache is e4m3 or e5m2 (kE5m2): the wgmma
+// takes e4m3 A (Q, P, quantised here) times B in the cache's format; nothing else differs.
 //
 // What changes against the 16-bit path:
 //   Q      copied in 16 bits as before; each consumer thread quantises its two rows to e4m3
@@ -171,12 +172,12 @@ __device__ __forceinline__ void ws_transpose_v(const char* staging, char* vt, in
 }
 
 // O (64 x D) += P8 (64 x 32 KS keys, registers) . V8 (V^T tile, K-major, ws_vt_offset), issued:
-// step ks moves 32 keys (32 bytes of each V^T row).
-template <int D, int KS, typename Desc>
-__device__ __forceinline__ void issue_pv_e4m3(float (&o)[D / 8][4], const uint32_t (&pa)[KS][4], Desc vt_desc) {
+// step ks moves 32 keys (32 bytes of each V^T row). Ops: wgmma::OpsFp8 of the cache's format.
+template <int D, class Ops, int KS, typename Desc>
+__device__ __forceinline__ void issue_pv_fp8(float (&o)[D / 8][4], const uint32_t (&pa)[KS][4], Desc vt_desc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #pragma unroll
-  for (int ks = 0; ks < KS; ++ks) wgmma::OpsE4m3::rs<D>(o, pa[ks], wgmma::desc_at(vt_desc, ks * 32));
+  for (int ks = 0; ks < KS; ++ks) Ops::template rs<D>(o, pa[ks], wgmma::desc_at(vt_desc, ks * 32));
   wgmma::commit();
 #endif
 }
