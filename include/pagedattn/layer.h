@@ -39,6 +39,27 @@ struct AttentionLayerParams {
   std::string backend;                       // "" = select; else force this backend by name
   int head_size_v = 0;                       // 0 = head_size
   std::optional<int> attention_chunk_size;   // chunked local attention (llama4)
+  // vLLM's calculate_kv_scales: measure per-tensor k_scale / v_scale from the first batch the
+  // layer writes into its cache, scale = amax(|x|) / fp8 max (448 e4m3, 57344 e5m2), over the
+  // keys / values that batch stores (rows whose slot is not -1), before they are written; then
+  // never again. So that batch fills the fp8 range without saturating. Details:
+  //  - only an fp8 cache uses scales: with any other cache (and for encoder / encoder_only
+  //    layers, which keep none) the option is accepted and does nothing, as in vLLM, where it
+  //    is allowed for every cache dtype;
+  //  - an all-zero batch (amax 0, or amax / max underflowing to 0) would give scale 0: that
+  //    scale keeps its value (1.0 by default) and is measured from the next batch whose amax
+  //    is nonzero. k_scale and v_scale are measured independently (kv_scales_pending());
+  //  - a NaN or infinity among the measured keys / values is an Error naming key / value (the
+  //    cache and the scales are untouched);
+  //  - per-tensor only (as vLLM): a forward that would measure while scales().k_scale_per_head
+  //    or v_scale_per_head is set is an Error naming calculate_kv_scales (per-head scales
+  //    replace the per-tensor ones, so the measurement would be ignored);
+  //  - a layer with kv_sharing_target_layer_name is rejected at construction (it reads a cache
+  //    written with its target's scales: give it those);
+  //  - on CUDA the amax is a kernel over the device tensors, and that one forward allocates 8
+  //    bytes and waits for the stream once (the scales are host floats; vLLM's calc_kv_scales
+  //    calls .item()): run it outside CUDA-graph capture. Every later forward is unchanged.
+  bool calculate_kv_scales = false;
 };
 
 // vLLM's static forward context (compilation_config.static_forward_context): the attention layers
@@ -102,6 +123,9 @@ class Attention {
 
   LayerScales& scales() { return scales_; }
   const LayerScales& scales() const { return scales_; }
+  // calculate_kv_scales: whether k_scale / v_scale still wait for their measurement (false once
+  // both are measured, and always false without the option or without an fp8 cache).
+  bool kv_scales_pending() const { return k_scale_pending_ || v_scale_pending_; }
 
   // query (T, Hq, D), key/value (T, Hkv, D / Dv) or empty for a kv-sharing layer and for a
   // cross layer whose encoder K/V are already cached; output (T, Hq, Dv); output_lse (Hq, T).
@@ -115,6 +139,21 @@ class Attention {
   const AttentionBackend* backend_ = nullptr;
   std::unique_ptr<AttentionImpl> impl_;
   LayerScales scales_;
+  // calculate_kv_scales: true until that scale is measured (see AttentionLayerParams).
+  bool k_scale_pending_ = false;
+  bool v_scale_pending_ = false;
+  Tensor kv_amax_result_;  // CUDA: i32 (2,) the amax kernel writes (the measuring forward's)
+
+  // The scales to write this step's keys / values with: scales_ with each pending scale
+  // measured from them (unchanged where amax is 0), and which ones were measured. Throws before
+  // any write; changes nothing.
+  struct MeasuredKVScales {
+    LayerScales scales;
+    bool k_measured = false;
+    bool v_measured = false;
+  };
+  MeasuredKVScales measure_kv_scales(const TensorView& key, const TensorView& value,
+                                     const AttentionMetadata& metadata);
 };
 
 // Maps layer names to the step's metadata and to their caches (vLLM's forward context). A layer

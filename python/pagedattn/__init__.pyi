@@ -187,6 +187,8 @@ class Attention:
     q_scale: float
     k_scale: float
     v_scale: float
+    @property
+    def kv_scales_pending(self) -> bool: ...
     num_heads: int
     head_size: int
     head_size_v: int
@@ -211,7 +213,8 @@ class Attention:
                  prefix: str = "", dtype: DTypeLike = "bfloat16", device: DeviceLike = "cpu",
                  backend: Optional[str] = None, *, head_size_v: Optional[int] = None,
                  attention_chunk_size: Optional[int] = None,
-                 static_forward_context: Optional[StaticForwardContext] = None) -> None: ...
+                 static_forward_context: Optional[StaticForwardContext] = None,
+                 calculate_kv_scales: bool = False) -> None: ...
     def allocate_kv_cache(self, num_blocks: int, framework: Optional[str] = None) -> Tensor: ...
     def metadata_builder(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                          max_model_len: int = 8192, *,

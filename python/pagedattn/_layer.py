@@ -54,11 +54,23 @@ class Attention(_C._Attention):
             error), and its ``kv_sharing_target_layer_name`` must be a layer created before it
             there, reading its own cache, with the same attention type, device and KV-cache
             spec. None = not registered (then the layer cannot share a cache).
+        calculate_kv_scales: vLLM's option: the first batch this layer writes into its fp8
+            cache sets ``k_scale = amax(|key|) / fp8_max`` and ``v_scale = amax(|value|) /
+            fp8_max`` (fp8_max 448 for "fp8" / "fp8_e4m3", 57344 for "fp8_e5m2"), measured over
+            the rows it writes (slot -1 rows are not), before writing them; later batches never
+            change them. A scale whose batch is all zeros keeps its value and is measured from the
+            next nonzero batch (``kv_scales_pending`` says whether one still waits). With a
+            16-bit cache, or a layer without a cache, it does nothing (as vLLM allows it for any
+            cache). A NaN / inf in the measured keys or values raises ``pagedattn.Error``
+            (nothing written); so does ``kv_sharing_target_layer_name`` (at construction: the
+            layer must use its target's scales). On CUDA the measuring forward waits for the
+            stream once (vLLM's ``.item()``): run it outside CUDA-graph capture.
 
     Attributes:
         backend: the selected ``AttentionBackend`` (``.name``, ``.get_kv_cache_shape()``...).
         kv_cache_spec: the ``KVCacheSpec`` of this layer's cache.
         q_scale, k_scale, v_scale: per-tensor quantization scales (floats, default 1.0).
+        kv_scales_pending: True while ``calculate_kv_scales`` still has a scale to measure.
 
     Typical use (one step)::
 
@@ -96,6 +108,7 @@ class Attention(_C._Attention):
         head_size_v: Optional[int] = None,
         attention_chunk_size: Optional[int] = None,
         static_forward_context: Optional[_C.StaticForwardContext] = None,
+        calculate_kv_scales: bool = False,
     ) -> None:
         i32 = _tensors.int32_arg
         super().__init__(
@@ -119,6 +132,7 @@ class Attention(_C._Attention):
             None if attention_chunk_size is None
             else i32(attention_chunk_size, "attention_chunk_size"),
             static_forward_context,
+            bool(calculate_kv_scales),
         )
 
     def allocate_kv_cache(self, num_blocks: int, framework: Optional[str] = None) -> Any:

@@ -124,7 +124,7 @@ void bind_layer(nb::module_& m) {
              std::optional<std::string> kv_sharing_target_layer_name, const std::string& prefix,
              nb::handle dtype, nb::handle device, std::optional<std::string> backend,
              std::optional<int> head_size_v, std::optional<int> attention_chunk_size,
-             StaticForwardContext* static_forward_context) {
+             StaticForwardContext* static_forward_context, bool calculate_kv_scales) {
             AttentionLayerParams p;
             p.num_heads = num_heads;
             p.head_size = head_size;
@@ -144,6 +144,7 @@ void bind_layer(nb::module_& m) {
             p.backend = backend.value_or("");
             p.head_size_v = head_size_v.value_or(0);
             p.attention_chunk_size = attention_chunk_size;
+            p.calculate_kv_scales = calculate_kv_scales;
             new (self) Attention(std::move(p), static_forward_context);
           },
           "num_heads"_a, "head_size"_a, "scale"_a.none(), "num_kv_heads"_a.none(),
@@ -151,7 +152,7 @@ void bind_layer(nb::module_& m) {
           "attn_type"_a, "kv_cache_dtype"_a, "block_size"_a, "sinks"_a.none(),
           "kv_sharing_target_layer_name"_a.none(), "prefix"_a, "dtype"_a, "device"_a,
           "backend"_a.none(), "head_size_v"_a.none(), "attention_chunk_size"_a.none(),
-          "static_forward_context"_a.none())
+          "static_forward_context"_a.none(), "calculate_kv_scales"_a)
       .def_prop_ro("backend", [](const Attention& a) { return PyBackend{&a.backend()}; },
                    "The AttentionBackend this layer runs on.")
       .def_prop_ro("kv_cache_spec", &Attention::kv_cache_spec,
@@ -222,6 +223,9 @@ void bind_layer(nb::module_& m) {
           "v_scale", [](const Attention& a) { return a.scales().v_scale; },
           [](Attention& a, float s) { a.scales().v_scale = s; },
           "Per-tensor value scale of an fp8 cache: stored = saturate(v / v_scale).")
+      .def_prop_ro("kv_scales_pending", &Attention::kv_scales_pending,
+                   "True while calculate_kv_scales still has k_scale / v_scale to measure from "
+                   "a batch (an all-zero one leaves its scale waiting).")
       .def_prop_ro("num_heads", [](const Attention& a) { return a.params().num_heads; })
       .def_prop_ro("head_size", [](const Attention& a) { return a.params().head_size; })
       .def_prop_ro("head_size_v", [](const Attention& a) {

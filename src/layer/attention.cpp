@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "layer/layer_registration.h"
+#include "ops/kv_amax.h"
 #include "pagedattn/error.h"
 #include "pagedattn/layer.h"
 #include "pagedattn/selector.h"
@@ -96,6 +97,13 @@ void validate_layer_params(const AttentionLayerParams& p) {
     PAGEDATTN_CHECK(uses_kv_cache(p.attn_type), "kv_sharing_target_layer_name", "Attention '",
                     layer, "': kv_sharing_target_layer_name = '", target,
                     "' but attn_type=", attention_type_name(p.attn_type), " layers have no cache");
+    // The shared cache holds the target's keys quantized with the target's scales, and this
+    // layer writes nothing it could measure: its scales must be the target's.
+    PAGEDATTN_CHECK(!p.calculate_kv_scales, "calculate_kv_scales", "Attention '", layer,
+                    "': calculate_kv_scales = true but kv_sharing_target_layer_name = '", target,
+                    "': a layer that reads another layer's cache writes no keys/values to "
+                    "measure; expected calculate_kv_scales = false and the target's k_scale / "
+                    "v_scale");
   }
 }
 
@@ -134,6 +142,10 @@ Attention::Attention(AttentionLayerParams params, StaticForwardContext* static_f
             uses_kv_cache(params_.attn_type) ? std::optional<KVCacheSpec>(kv_cache_spec()) : std::nullopt,
             params_.kv_sharing_target_layer_name};
       });
+  // calculate_kv_scales measures only what an fp8 cache would use (no-op otherwise, as vLLM).
+  const bool measure = params_.calculate_kv_scales && uses_kv_cache(params_.attn_type) &&
+                       is_fp8(kv_cache_storage_dtype());
+  k_scale_pending_ = v_scale_pending_ = measure;
   backend_ = &get_attn_backend(selector_config(), params_.backend);
   impl_ = backend_->make_impl(make_impl_params(params_));
   PAGEDATTN_CHECK(impl_ != nullptr, "backend", "Attention '", params_.prefix, "': backend ",
@@ -343,9 +355,66 @@ void Attention::forward(const TensorView& query, const TensorView& key, const Te
   impl_->check_forward(scales_, query, key, value, kv_cache, metadata, output, output_scale,
                        output_lse);
   if (uses_kv_cache(type) && owns_cache && has_kv) {
-    impl_->do_kv_cache_update(scales_, key, value, kv_cache, metadata);
+    if (kv_scales_pending()) {
+      // calculate_kv_scales: the scales take effect only once the write they quantize passed
+      // its own checks (a rejected call leaves the scales, like the cache, unchanged).
+      const MeasuredKVScales measured = measure_kv_scales(key, value, metadata);
+      impl_->do_kv_cache_update(measured.scales, key, value, kv_cache, metadata);
+      scales_ = measured.scales;
+      if (measured.k_measured) k_scale_pending_ = false;
+      if (measured.v_measured) v_scale_pending_ = false;
+    } else {
+      impl_->do_kv_cache_update(scales_, key, value, kv_cache, metadata);
+    }
   }
   impl_->forward(scales_, query, key, value, kv_cache, metadata, output, output_scale, output_lse);
+}
+
+Attention::MeasuredKVScales Attention::measure_kv_scales(const TensorView& key,
+                                                         const TensorView& value,
+                                                         const AttentionMetadata& metadata) {
+  const std::string& layer = params_.prefix;
+  // Per-head scales replace the per-tensor ones in every kernel: measuring the per-tensor scales
+  // under them would silently have no effect.
+  PAGEDATTN_CHECK(!scales_.k_scale_per_head.defined() && !scales_.v_scale_per_head.defined(),
+                  "calculate_kv_scales", "Attention '", layer,
+                  "': calculate_kv_scales = true measures per-tensor k_scale / v_scale, but "
+                  "scales().", scales_.k_scale_per_head.defined() ? "k" : "v",
+                  "_scale_per_head is set (per-head scales replace the per-tensor ones): expected "
+                  "either calculate_kv_scales or per-head scales, not both");
+  const TensorView& slots = metadata.slot_mapping;
+  PAGEDATTN_CHECK(slots.defined() && slots.dtype() == DType::i64 && slots.ndim() == 1 &&
+                      slots.device() == key.device(),
+                  "metadata", "Attention '", layer, "': metadata.slot_mapping is ",
+                  slots.describe(), ", expected int64 (num_tokens,) on ",
+                  device_name(key.device()));
+  // The rows the cache write stores: [0, min(key rows, slots)) with a slot != -1.
+  const TensorView written = slots.narrow(0, 0, std::min(key.size(0), slots.size(0)));
+  if (key.device() == Device::cuda && !kv_amax_result_.defined()) {
+    kv_amax_result_ = Tensor(Shape{2}, DType::i32, Device::cuda, key.device_index());
+  }
+  const detail::KVAmax amax = detail::written_rows_amax(key, value, written, kv_amax_result_);
+  PAGEDATTN_CHECK(!k_scale_pending_ || std::isfinite(amax.key), "key", "Attention '", layer,
+                  "': calculate_kv_scales: the keys this forward writes hold a non-finite value "
+                  "(amax |key| = ", amax.key, "): expected finite keys to measure k_scale from");
+  PAGEDATTN_CHECK(!v_scale_pending_ || std::isfinite(amax.value), "value", "Attention '", layer,
+                  "': calculate_kv_scales: the values this forward writes hold a non-finite value "
+                  "(amax |value| = ", amax.value, "): expected finite values to measure v_scale "
+                  "from");
+  // scale = amax / fp8 max, one f32 division; 0 (all-zero rows, or an amax so small that the
+  // quotient underflows) would divide by zero when quantizing: keep the scale, measure later.
+  const float range = detail::fp8_max_finite(kv_cache_storage_dtype());
+  MeasuredKVScales measured{scales_};
+  const float k_scale = amax.key / range, v_scale = amax.value / range;
+  if (k_scale_pending_ && k_scale > 0.f) {
+    measured.scales.k_scale = k_scale;
+    measured.k_measured = true;
+  }
+  if (v_scale_pending_ && v_scale > 0.f) {
+    measured.scales.v_scale = v_scale;
+    measured.v_measured = true;
+  }
+  return measured;
 }
 
 }  // namespace pagedattn

@@ -22,7 +22,13 @@
 //       m == -inf -> output = prefix_output, output_lse = -inf; else
 //       wp = e^{lp-m}, ws = e^{ls-m}, out = (wp*p + ws*s)/(wp+ws), lse = log(wp+ws) + m,
 //       computed in f32 and rounded once to the output dtype.
-// Both enqueue on the current stream and do not synchronize.
+//   cuda_written_rows_amax (the Attention layer's calculate_kv_scales, ops/kv_amax.h):
+//     key (N, Hkv, D), value (N, Hkv, Dv): f32/f16/bf16, any strides; slot_mapping: i64 1-D of
+//     length N' <= N; result: i32 (2,) on the same device. Sets result[0] / result[1] to the
+//     largest bit pattern of |key[t]| / |value[t]| (as f32) over the rows t < N' whose slot is
+//     >= 0 (0 when none): the bit order of non-negative floats is their numeric order, with NaN
+//     above +inf. result is cleared on the stream first.
+// All enqueue on the current stream and do not synchronize.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +43,9 @@ void cuda_reshape_and_cache_flash(const TensorView& key, const TensorView& value
                                   const TensorView& key_cache, const TensorView& value_cache,
                                   const TensorView& slot_mapping, DType cache_dtype,
                                   const LayerScales& scales);
+
+void cuda_written_rows_amax(const TensorView& key, const TensorView& value,
+                            const TensorView& slot_mapping, const TensorView& result);
 
 void cuda_merge_attn_states(const TensorView& output, const TensorView& prefix_output,
                             const TensorView& prefix_lse, const TensorView& suffix_output,
