@@ -34,7 +34,8 @@ struct InvarianceCase {
   MLADimensions mla_dims{64, 32, 16, 32};
   int64_t mla_workspace_tokens = 0;  // chunked-prefill workspace (0 = vLLM's rule)
   std::vector<RequestShape> pool;    // context_len cached tokens + query_len new ones
-  int compositions = 50;        // batches each request must be checked in (besides alone)
+  int compositions = 50;        // batches each request must be checked in (besides alone; at
+                                // most kSanitizedCompositions under ASan: checked_compositions)
   std::vector<int> num_sms = {0};    // BuilderConfig::num_sms, taken in turn batch after batch
   std::string describe() const;
 };
@@ -51,6 +52,11 @@ struct InvarianceReport {
   std::string describe() const;
 };
 
+// The compositions a run of `c` checks each request in: c.compositions, capped at
+// kSanitizedCompositions in an ASan build (sanitized_build.h; the Release run keeps them all).
+inline constexpr int kSanitizedCompositions = 10;
+int checked_compositions(const InvarianceCase& c);
+
 // Runs `c` on `backend` (forced by name; an MLA backend for c.mla) on `device` with builders of
 // BuilderConfig::batch_invariant = batch_invariant, from `seed`. Throws what the library throws
 // (a case the backend cannot run is the caller's to skip).
@@ -59,7 +65,7 @@ InvarianceReport check_batch_invariance(const AttentionBackend& backend, Device 
                                         bool batch_invariant = true);
 
 // GoogleTest expectations on check_batch_invariance(backend, device, c, seed): no request differs,
-// each was checked in >= c.compositions batches, decode-only and mixed batches among them.
+// each was checked in >= checked_compositions(c) batches, decode-only and mixed batches among them.
 void expect_batch_invariant(const AttentionBackend& backend, Device device, const InvarianceCase& c,
                             uint64_t seed);
 
