@@ -147,8 +147,14 @@ Shape::Shape(std::span<const int64_t> dims) {
 }
 
 int64_t Shape::numel() const {
+  for (int i = 0; i < ndim_; ++i) {
+    if (dims_[static_cast<size_t>(i)] == 0) return 0;
+  }
   int64_t n = 1;
-  for (int i = 0; i < ndim_; ++i) n *= dims_[static_cast<size_t>(i)];
+  for (int i = 0; i < ndim_; ++i) {
+    PAGEDATTN_CHECK(!__builtin_mul_overflow(n, dims_[static_cast<size_t>(i)], &n), "shape", "shape ", str(),
+                    " has more elements than an int64 holds");
+  }
   return n;
 }
 
@@ -342,11 +348,21 @@ void check_shape_nonnegative(const Shape& shape) {
   }
 }
 
+// Bytes of a tensor of `shape` and `dtype`, checked before anything is allocated: a dim so large
+// that the count wraps would otherwise allocate a small buffer that the tensor's views overrun.
+size_t allocation_bytes(const Shape& shape, DType dtype) {
+  check_shape_nonnegative(shape);
+  int64_t bytes = 0;
+  PAGEDATTN_CHECK(!__builtin_mul_overflow(shape.numel(), static_cast<int64_t>(dtype_size(dtype)), &bytes),
+                  "shape", "shape ", shape.str(), " of ", dtype_name(dtype),
+                  " holds more bytes than an int64 counts");
+  return static_cast<size_t>(bytes);
+}
+
 }  // namespace
 
 Tensor::Tensor(Shape shape, DType dtype, Device device, int device_index) {
-  check_shape_nonnegative(shape);
-  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  const size_t bytes = allocation_bytes(shape, dtype);
   void* p = allocate_bytes(bytes, device, device_index);
   view_ = TensorView(p, dtype, shape, device, device_index);
   bytes_ = bytes;
@@ -354,7 +370,7 @@ Tensor::Tensor(Shape shape, DType dtype, Device device, int device_index) {
 
 Tensor Tensor::empty_permuted(Shape shape, std::span<const int> physical_order, DType dtype,
                               Device device, int device_index) {
-  check_shape_nonnegative(shape);
+  const size_t bytes = allocation_bytes(shape, dtype);
   const int nd = shape.ndim();
   PAGEDATTN_CHECK(static_cast<int>(physical_order.size()) == nd, "stride_order",
                   "stride_order has ", physical_order.size(), " entries, expected ", nd,
@@ -372,9 +388,10 @@ Tensor Tensor::empty_permuted(Shape shape, std::span<const int> physical_order, 
   for (int i = nd - 1; i >= 0; --i) {
     const int d = physical_order[static_cast<size_t>(i)];
     strides[d] = running;
-    running *= std::max<int64_t>(shape[d], 1);
+    // (an empty dim makes numel 0 whatever the others: their strides must still fit)
+    PAGEDATTN_CHECK(!__builtin_mul_overflow(running, std::max<int64_t>(shape[d], 1), &running), "shape",
+                    "shape ", shape.str(), ": its strides overflow an int64");
   }
-  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   Tensor t;
   void* p = allocate_bytes(bytes, device, device_index);
   t.view_ = TensorView(p, dtype, shape, strides, device, device_index);

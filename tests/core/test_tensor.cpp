@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -50,6 +51,35 @@ TEST(Shape, BasicsAndStrides) {
   EXPECT_THROW(grown.push_back(1), Error);
   const std::vector<int64_t> too_many(kMaxDims + 1, 1);
   EXPECT_THROW(Shape(std::span<const int64_t>(too_many)), Error);
+}
+
+// Counts that would wrap are errors naming the shape, before anything is allocated (a wrapped
+// byte count allocated a small buffer that the tensor's views overran); an empty dim still gives 0.
+TEST(Shape, CountsThatOverflowAreErrors) {
+  const int64_t big = int64_t{1} << 40;
+  const auto expect_shape_error = [](const std::function<void()>& call, const char* what) {
+    try {
+      call();
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "shape") << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("(1099511627776, 1099511627776"), std::string::npos) << e.what();
+    }
+  };
+  expect_shape_error([&] { (void)Shape{big, big}.numel(); }, "numel");
+  expect_shape_error([&] { Tensor t(Shape{big, big}, DType::f32); }, "Tensor");
+  const int order[] = {1, 0, 2};
+  expect_shape_error([&] { (void)Tensor::empty_permuted(Shape{big, big, 0}, order, DType::f32); },
+                     "empty_permuted strides");
+  EXPECT_EQ((Shape{big, big, 0}).numel(), 0);
+  // 2^61 f32 elements: the count fits an int64, the bytes (2^63) do not.
+  try {
+    Tensor t(Shape{int64_t{1} << 61}, DType::f32);
+    ADD_FAILURE() << "2^63 bytes accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "shape") << e.what();
+    EXPECT_NE(std::string(e.what()).find("bytes"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TensorView, SizesStridesNegativeDims) {
