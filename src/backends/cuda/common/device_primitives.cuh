@@ -85,6 +85,23 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
+// One element of T (float, __half, __nv_bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2) -> float, exact.
+template <typename T>
+__device__ __forceinline__ float to_f32(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(x);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.__x, __NV_E4M3)));
+  } else {
+    static_assert(std::is_same_v<T, __nv_fp8_e5m2>);
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.__x, __NV_E5M2)));
+  }
+}
+
 // ---- fp8 -> 16-bit (exact: every e4m3 / e5m2 value is representable in f16 and bf16) -------
 // Two fp8 bytes (low byte = first element) -> two floats.
 __device__ __forceinline__ float2 fp8x2_to_float2(uint16_t bits, int format) {

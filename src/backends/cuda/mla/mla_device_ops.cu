@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
 #include "backends/mla/mla_common.h"
 #include "ops/cuda_ops.h"
@@ -34,21 +35,6 @@
 
 namespace pagedattn::cuda {
 namespace {
-
-template <typename T>
-__device__ __forceinline__ float to_f32(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(x);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(x);
-  } else if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.__x, __NV_E4M3)));
-  } else {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.__x, __NV_E5M2)));
-  }
-}
 
 // f32 -> T, one rounding; fp8: saturate(x / scale).
 template <typename T>

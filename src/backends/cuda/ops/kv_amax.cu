@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
 #include "core/device_memory.h"
 #include "ops/cuda_ops.h"
@@ -45,17 +46,6 @@ struct AmaxParams {
 };
 
 template <typename In>
-__device__ __forceinline__ float widen(In x) {
-  if constexpr (std::is_same_v<In, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<In, __half>) {
-    return __half2float(x);
-  } else {
-    return __bfloat162float(x);
-  }
-}
-
-template <typename In>
 __device__ __forceinline__ unsigned int row_amax_bits(const RowsView& r, int64_t token,
                                                       unsigned int amax) {
   const In* base = static_cast<const In*>(r.data) + token * r.strides[0];
@@ -63,7 +53,7 @@ __device__ __forceinline__ unsigned int row_amax_bits(const RowsView& r, int64_t
   for (int idx = threadIdx.x; idx < total; idx += blockDim.x) {
     const int h = idx / r.dim;
     const int i = idx - h * r.dim;
-    const float x = widen(base[h * r.strides[1] + static_cast<int64_t>(i) * r.strides[2]]);
+    const float x = to_f32(base[h * r.strides[1] + static_cast<int64_t>(i) * r.strides[2]]);
     amax = max(amax, __float_as_uint(x) & 0x7fffffffu);
   }
   return amax;

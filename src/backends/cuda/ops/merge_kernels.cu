@@ -35,14 +35,6 @@ constexpr int kMaxSplits = 256;  // the builder never plans more splits per row 
 constexpr int kMaxStates = 2 * kMaxSplits;  // request splits + prefix splits
 
 template <typename T>
-__device__ __forceinline__ float to_f32(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return Mma<T>::to_float(x);
-  }
-}
-template <typename T>
 __device__ __forceinline__ T from_f32(float x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
