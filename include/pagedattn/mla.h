@@ -98,7 +98,8 @@ struct MLAPrefillMetadata {
   int num_prefill_tokens = 0;
   int max_query_len = 0;
   int max_seq_len = 0;
-  int request_offset = 0;                   // = num_decodes: prefill i is request request_offset + i
+  int request_offset = 0;                   // the first prefill's request (padding requests of
+                                            // query_len 0 are in neither part)
   int token_offset = 0;                     // = num_decode_tokens
   std::vector<int32_t> query_start_loc;     // (num_prefills + 1,) starting at 0
   std::vector<int32_t> seq_lens;            // (num_prefills,)
@@ -106,6 +107,7 @@ struct MLAPrefillMetadata {
   // On the cache's device, i32: query_start_loc (num_prefills + 1), seq_lens and context_lens
   // (num_prefills), block_table (num_prefills, max_blocks) = rows of the step's block table.
   TensorView query_start_loc_device, seq_lens_device, context_lens_device, block_table;
+  std::shared_ptr<Tensor> block_table_storage;  // block_table's rows when padding sat among them
   std::optional<MLAChunkedContextMetadata> chunked_context;  // none when no prefill has context
   PlanStamp stamp;                          // the plan's (CUDA: its device arrays' build)
 };
@@ -115,8 +117,11 @@ struct MLADecodeMetadata {
   int num_decode_tokens = 0;
   int max_seq_len = 0;
   std::vector<int32_t> seq_lens;            // (num_decodes,)
-  // On the cache's device, i32: seq_lens (num_decodes), block_table (num_decodes, max_blocks).
+  // On the cache's device, i32: seq_lens (num_decodes), block_table (num_decodes, max_blocks):
+  // the step's block-table rows of the decodes, a view of them, or, when padding requests
+  // (query_len 0) sat among them, a gathered copy in block_table_storage (held by the plan).
   TensorView seq_lens_device, block_table;
+  std::shared_ptr<Tensor> block_table_storage;
 };
 
 struct MLAWorkspace;  // the builder's step buffers (src/backends/mla), shared with its plans

@@ -28,6 +28,7 @@
 #include "../../src/backends/mla/mla_common.h"
 #include "../../src/backends/reference/reference_mla.h"
 #include "conformance/mla_harness.h"
+#include "conformance/mla_padding.h"
 #include "gpu_test_util.h"
 #include "pagedattn/device.h"
 #include "pagedattn/mla.h"
@@ -684,6 +685,27 @@ TEST(CudaMlaLayer, ConformanceHarness) {
   }
   for (const cm::MLAResult& r : cm::run_mla_grid(cuda_mla_backend(), "", Device::cuda, grid, 77)) {
     EXPECT_TRUE(r.passed()) << r.describe();
+  }
+}
+
+// Padding requests (query_len 0) anywhere in the batch are no-ops: the same output and LSE bytes
+// as the batch without them (tests/conformance/mla_padding.h; the block-table rows of each part
+// gathered on the device), at 16 heads (the mma.sync decode kernel) and 128 (wgmma).
+TEST(CudaMlaLayer, PaddingRequestsAreNoOps) {
+  PAGEDATTN_REQUIRE_GPU();
+  namespace mp = conformance::mla_padding;
+  const auto batches = mp::padded_batches();
+  for (int heads : {16, 128}) {
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const mp::Outputs padded =
+          mp::run_step("CUDA_MLA", Device::cuda, DType::bf16, batches[b], false, 300 + b, {kL, kP, kR, kV}, heads);
+      const mp::Outputs plain =
+          mp::run_step("CUDA_MLA", Device::cuda, DType::bf16, batches[b], true, 300 + b, {kL, kP, kR, kV}, heads);
+      EXPECT_EQ(padded.num_decodes, plain.num_decodes) << heads << " heads, batch " << b;
+      EXPECT_EQ(padded.num_prefills, plain.num_prefills) << heads << " heads, batch " << b;
+      EXPECT_EQ(padded.output, plain.output) << heads << " heads, batch " << b;
+      EXPECT_EQ(padded.lse, plain.lse) << heads << " heads, batch " << b;
+    }
   }
 }
 

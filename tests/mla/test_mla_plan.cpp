@@ -115,6 +115,55 @@ TEST(MLAPlan, SplitAndChunkedContextAsVllm) {
   EXPECT_EQ(p.context_lens_device.data_as<int32_t>()[1], 40);
 }
 
+// Padding requests (query_len 0) are in neither part: the decodes' and the prefills' block-table
+// rows are gathered (views when they stay consecutive), their arrays hold the live requests only.
+TEST(MLAPlan, PaddingRequestsAreLeftOutOfBothParts) {
+  mla::MLACommonMetadataBuilder builder(kSpec, config(8, 64, 512, 128), Device::cpu);
+  // requests: decode, pad, decode, pad (with context), prefill, pad, prefill, pad
+  const auto common = batch({{19, 1}, {0, 0}, {4, 1}, {30, 0}, {100, 3}, {0, 0}, {40, 2}, {7, 0}});
+  const auto base = builder.build(0, common.common);
+  const auto& md = dynamic_cast<const MLAMetadata&>(*base);
+  const TensorView& bt = common.common.block_table_tensor;
+  const auto row = [](const TensorView& t, int r) {
+    return std::vector<int32_t>(t.data_as<int32_t>() + r * t.stride(0), t.data_as<int32_t>() + r * t.stride(0) + t.size(1));
+  };
+  EXPECT_EQ(md.num_actual_tokens, 7);
+  EXPECT_EQ(md.num_decodes, 2);
+  EXPECT_EQ(md.num_decode_tokens, 2);
+  EXPECT_EQ(md.num_prefills, 2);
+  EXPECT_EQ(md.num_prefill_tokens, 5);
+  EXPECT_EQ(md.decode.seq_lens, (std::vector<int32_t>{20, 5}));
+  ASSERT_EQ(md.decode.block_table.size(0), 2);
+  EXPECT_NE(md.decode.block_table_storage, nullptr);  // rows 0 and 2: gathered
+  EXPECT_EQ(row(md.decode.block_table, 0), row(bt, 0));
+  EXPECT_EQ(row(md.decode.block_table, 1), row(bt, 2));
+  ASSERT_TRUE(md.prefill.has_value());
+  const MLAPrefillMetadata& p = *md.prefill;
+  EXPECT_EQ(p.request_offset, 4);
+  EXPECT_EQ(p.token_offset, 2);
+  EXPECT_EQ(p.query_start_loc, (std::vector<int32_t>{0, 3, 5}));
+  EXPECT_EQ(p.seq_lens, (std::vector<int32_t>{103, 42}));
+  EXPECT_EQ(p.context_lens, (std::vector<int32_t>{100, 40}));
+  ASSERT_EQ(p.block_table.size(0), 2);
+  EXPECT_EQ(row(p.block_table, 0), row(bt, 4));
+  EXPECT_EQ(row(p.block_table, 1), row(bt, 6));
+  // Padding only at the end (CUDA-graph style): the parts view the step's table.
+  const auto tail = batch({{19, 1}, {4, 1}, {100, 3}, {0, 0}, {9, 0}});
+  const auto tail_base = builder.build(0, tail.common);
+  const auto& tmd = dynamic_cast<const MLAMetadata&>(*tail_base);
+  EXPECT_EQ(tmd.num_decodes, 2);
+  EXPECT_EQ(tmd.num_prefills, 1);
+  EXPECT_EQ(tmd.decode.block_table_storage, nullptr);
+  EXPECT_EQ(tmd.decode.block_table.data(), tail.common.block_table_tensor.data());
+  EXPECT_EQ(tmd.prefill->block_table_storage, nullptr);
+  // Only padding: an empty plan.
+  const auto pads = batch({{0, 0}, {12, 0}});
+  const auto pads_base = builder.build(0, pads.common);
+  const auto& pmd = dynamic_cast<const MLAMetadata&>(*pads_base);
+  EXPECT_EQ(pmd.num_decodes, 0);
+  EXPECT_FALSE(pmd.prefill.has_value());
+}
+
 TEST(MLAPlan, DefaultWorkspaceRuleGivesOneChunk) {
   // max(8 * 512, 4 * 5 * 16) = 4096 tokens: chunk = round_down(4096 / 2, 16) = 2048.
   mla::MLACommonMetadataBuilder builder(kSpec, config(5, 64, 512, 0), Device::cpu);
@@ -197,8 +246,6 @@ TEST(MLAPlan, BatchErrors) {
   mla::MLACommonMetadataBuilder builder(kSpec, config(3, 16, 128, 48), Device::cpu);
   expect_error([&] { const auto c = batch({{0, 3}, {5, 1}}); builder.build(0, c.common); },
                "common");  // a decode after a prefill
-  expect_error([&] { const auto c = batch({{5, 0}, {0, 3}}); builder.build(0, c.common); },
-               "common");  // an empty request
   expect_error([&] { const auto c = batch({{1, 1}, {1, 1}, {1, 1}, {1, 1}}); builder.build(0, c.common); },
                "common.num_reqs");
   expect_error([&] { const auto c = batch({{0, 17}}); builder.build(0, c.common); },

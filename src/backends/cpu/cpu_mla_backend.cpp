@@ -252,18 +252,18 @@ class CpuMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     return plan;
   }
 
-  void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& common,
+  void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& /*common*/,
                    bool fast_build) override {
     auto* plan = dynamic_cast<CpuMlaMetadata*>(&metadata);
     PAGEDATTN_CHECK(plan != nullptr, "metadata",
                     "CPU_MLA build: the plan is not a CpuMlaMetadata (make_metadata not used)");
+    // Decode r is the plan's r-th decode (padding requests left out by the builder), of one token:
+    // token r of the step, at position seq_len - 1.
     const int n = metadata.num_decodes;
-    const int32_t* qsl = common.query_start_loc_cpu.data_as<const int32_t>();
-    plan->decode_query_start_loc.assign(qsl, qsl + n + 1);
+    plan->decode_query_start_loc.resize(static_cast<size_t>(n) + 1);
+    for (int r = 0; r <= n; ++r) plan->decode_query_start_loc[r] = r;
     plan->decode_first_pos.resize(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      plan->decode_first_pos[r] = metadata.decode.seq_lens[r] - (qsl[r + 1] - qsl[r]);
-    }
+    for (int r = 0; r < n; ++r) plan->decode_first_pos[r] = metadata.decode.seq_lens[r] - 1;
     plan->block_size = spec_.block_size;
     const TensorView& table = metadata.decode.block_table;
     const int64_t cols = cdiv(metadata.decode.max_seq_len, spec_.block_size);

@@ -48,6 +48,41 @@ TensorView host_i32_view(std::vector<int32_t>& v, Shape shape) {
   return TensorView(v.data(), DType::i32, shape, Device::cpu);
 }
 
+// The rows `reqs` (ascending) of the step's block table, for one part of the plan: a view when they
+// are consecutive (no padding request among them: the usual case), else a copy gathered into
+// `storage` on the table's device (held by the plan; on CUDA the copies are issued on the current
+// stream, before anything the plan runs).
+TensorView part_block_table(const TensorView& bt, const std::vector<int>& reqs, std::shared_ptr<Tensor>& storage) {
+  const int64_t n = static_cast<int64_t>(reqs.size());
+  if (n == 0) return bt.narrow(0, 0, 0);
+  if (reqs.back() - reqs.front() + 1 == n) return bt.narrow(0, reqs.front(), n);
+  const int64_t cols = bt.size(1);
+  storage = std::make_shared<Tensor>(Shape{n, cols}, DType::i32, bt.device(), bt.device_index());
+  auto* dst = storage->data_as<int32_t>();
+  const auto* src = bt.data_as<const int32_t>();
+  if (bt.device() == Device::cpu) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t c = 0; c < cols; ++c) dst[i * cols + c] = src[reqs[i] * bt.stride(0) + c * bt.stride(1)];
+    }
+    return storage->view();
+  }
+  PAGEDATTN_CHECK(bt.stride(1) == 1, "common.block_table_tensor", kWho, "block_table_tensor is ",
+                  bt.describe(), ": a batch with padding requests (query_len 0) among others needs "
+                  "its rows packed (column stride 1) to gather them");
+  const size_t row_bytes = static_cast<size_t>(cols) * sizeof(int32_t);
+  for (int64_t i = 0; i < n;) {  // runs of consecutive rows: one copy each when the rows are packed
+    int64_t j = i + 1;
+    while (j < n && reqs[j] == reqs[j - 1] + 1) ++j;
+    if (bt.stride(0) == cols) {
+      detail::memcpy_d2d(dst + i * cols, src + reqs[i] * cols, static_cast<size_t>(j - i) * row_bytes);
+    } else {
+      for (int64_t k = i; k < j; ++k) detail::memcpy_d2d(dst + k * cols, src + reqs[k] * bt.stride(0), row_bytes);
+    }
+    i = j;
+  }
+  return storage->view();
+}
+
 int64_t workspace_tokens_of(const BuilderConfig& c, int block_size) {
   if (c.mla_chunked_prefill_workspace_tokens > 0) return c.mla_chunked_prefill_workspace_tokens;
   return mla_chunked_prefill_workspace_tokens(c.max_model_len, c.max_num_seqs, block_size);
@@ -231,21 +266,24 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   for (int r = 0; r <= num_reqs; ++r) qsl[r] = read_i32_at(common.query_start_loc_cpu, r);
   for (int r = 0; r < num_reqs; ++r) seq_lens[r] = read_i32_at(common.seq_lens_cpu, r);
 
-  // Decodes first (reorder threshold 1): a run of 1-token requests, then requests of > 1 tokens.
-  int num_decodes = 0;
-  while (num_decodes < num_reqs && qsl[num_decodes + 1] - qsl[num_decodes] <= 1) {
-    PAGEDATTN_CHECK(qsl[num_decodes + 1] - qsl[num_decodes] == 1, "common", kWho, "request ",
-                    num_decodes, " has query_len 0: MLA batches hold decodes of exactly 1 token "
-                    "and prefills of more (drop empty requests)");
-    ++num_decodes;
-  }
-  for (int r = num_decodes; r < num_reqs; ++r) {
+  // Decodes first (reorder threshold 1): the requests of 1 token, then those of more. Requests of
+  // query_len 0 (padding) may sit anywhere: no-ops, left out of both parts (the tokens of the
+  // others stay contiguous, so only the block-table rows need gathering: part_block_table).
+  std::vector<int> decode_reqs, prefill_reqs;
+  for (int r = 0; r < num_reqs; ++r) {
     const int q = qsl[r + 1] - qsl[r];
-    PAGEDATTN_CHECK(q > 1, "common", kWho, "request ", r, " has query_len ", q,
-                    " after a prefill (request ", num_decodes,
-                    "): the batch must be ordered decodes first (reorder_batch, threshold 1)");
+    if (q == 0) continue;
+    if (q == 1) {
+      PAGEDATTN_CHECK(prefill_reqs.empty(), "common", kWho, "request ", r,
+                      " has query_len 1 after a prefill (request ", prefill_reqs.empty() ? 0 : prefill_reqs.front(),
+                      "): the batch must be ordered decodes first (reorder_batch, threshold 1)");
+      decode_reqs.push_back(r);
+    } else {
+      prefill_reqs.push_back(r);
+    }
   }
-  const int num_prefills = num_reqs - num_decodes;
+  const int num_decodes = static_cast<int>(decode_reqs.size());
+  const int num_prefills = static_cast<int>(prefill_reqs.size());
 
   std::shared_ptr<MLAMetadata> md = make_metadata();
   md->num_actual_tokens = common.num_actual_tokens;
@@ -256,7 +294,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   md->slot_mapping = common.slot_mapping.narrow(0, 0, common.num_actual_tokens);
   md->cache_footprint = kv_cache_footprint(common, spec_.block_size);
   md->num_decodes = num_decodes;
-  md->num_decode_tokens = qsl[num_decodes];
+  md->num_decode_tokens = num_decodes;  // one token each
   md->num_prefills = num_prefills;
   md->num_prefill_tokens = common.num_actual_tokens - md->num_decode_tokens;
   md->workspace = workspace_;
@@ -265,24 +303,27 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   MLADecodeMetadata& dec = md->decode;
   dec.num_decodes = num_decodes;
   dec.num_decode_tokens = md->num_decode_tokens;
-  dec.seq_lens.assign(seq_lens.begin(), seq_lens.begin() + num_decodes);
+  for (int r : decode_reqs) dec.seq_lens.push_back(seq_lens[r]);
   dec.max_seq_len = num_decodes > 0 ? *std::max_element(dec.seq_lens.begin(), dec.seq_lens.end()) : 0;
-  dec.block_table = bt.narrow(0, 0, num_decodes);
+  dec.block_table = part_block_table(bt, decode_reqs, dec.block_table_storage);
 
   // prefill part
   if (num_prefills > 0) {
     MLAPrefillMetadata& pre = md->prefill.emplace();
     pre.num_prefills = num_prefills;
     pre.num_prefill_tokens = md->num_prefill_tokens;
-    pre.request_offset = num_decodes;
+    pre.request_offset = prefill_reqs.front();
     pre.token_offset = md->num_decode_tokens;
-    pre.query_start_loc.resize(static_cast<size_t>(num_prefills) + 1);
+    pre.query_start_loc.assign(static_cast<size_t>(num_prefills) + 1, 0);
     pre.seq_lens.resize(num_prefills);
     pre.context_lens.resize(num_prefills);
-    for (int i = 0; i <= num_prefills; ++i) pre.query_start_loc[i] = qsl[num_decodes + i] - qsl[num_decodes];
+    for (int i = 0; i < num_prefills; ++i) {
+      const int r = prefill_reqs[i];
+      pre.query_start_loc[i + 1] = pre.query_start_loc[i] + (qsl[r + 1] - qsl[r]);
+    }
     int max_context = 0, with_context = 0;
     for (int i = 0; i < num_prefills; ++i) {
-      const int r = num_decodes + i;
+      const int r = prefill_reqs[i];
       pre.seq_lens[i] = seq_lens[r];
       pre.context_lens[i] = seq_lens[r] - (qsl[r + 1] - qsl[r]);
       pre.max_query_len = std::max(pre.max_query_len, qsl[r + 1] - qsl[r]);
@@ -290,7 +331,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
       max_context = std::max(max_context, pre.context_lens[i]);
       with_context += pre.context_lens[i] > 0 ? 1 : 0;
     }
-    pre.block_table = bt.narrow(0, num_decodes, num_prefills);
+    pre.block_table = part_block_table(bt, prefill_reqs, pre.block_table_storage);
     if (with_context > 0) {
       // vLLM ChunkedContextMetadata (aot_schedule: the chunk is a whole number of pages).
       MLAChunkedContextMetadata& cc = pre.chunked_context.emplace();
