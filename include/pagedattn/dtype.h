@@ -35,6 +35,9 @@ uint8_t f32_to_fp8_e4m3_bits(float x);  // saturating
 float fp8_e4m3_bits_to_f32(uint8_t bits);
 uint8_t f32_to_fp8_e5m2_bits(float x);  // saturating
 float fp8_e5m2_bits_to_f32(uint8_t bits);
+// The largest finite value of an fp8 format: 448 (fp8_e4m3), 57344 (fp8_e5m2); Error naming
+// "dtype" for any other dtype.
+float fp8_max_finite(DType fp8_dtype);
 
 // Reads element `index` (in elements) of a buffer of `dtype` as float / writes it from float
 // (rounding as above). Integer dtypes convert as static_cast.

@@ -92,14 +92,13 @@ struct MLAChunkedContextMetadata {
   TensorView cu_seq_lens_device;            // (num_chunks, num_prefills + 1)
 };
 
-// The prefill requests of a step (the requests after the decodes), request-relative.
+// The prefill requests of a step (the requests after the decodes; padding requests of query_len 0
+// left out), request-relative.
 struct MLAPrefillMetadata {
   int num_prefills = 0;
   int num_prefill_tokens = 0;
   int max_query_len = 0;
   int max_seq_len = 0;
-  int request_offset = 0;                   // the first prefill's request (padding requests of
-                                            // query_len 0 are in neither part)
   int token_offset = 0;                     // = num_decode_tokens
   std::vector<int32_t> query_start_loc;     // (num_prefills + 1,) starting at 0
   std::vector<int32_t> seq_lens;            // (num_prefills,)

@@ -234,6 +234,11 @@ uint8_t f32_to_fp8_e4m3_bits(float x) { return f32_to_fp8_bits(x, kE4M3); }
 float fp8_e4m3_bits_to_f32(uint8_t bits) { return fp8_bits_to_f32(bits, kE4M3, false); }
 uint8_t f32_to_fp8_e5m2_bits(float x) { return f32_to_fp8_bits(x, kE5M2); }
 float fp8_e5m2_bits_to_f32(uint8_t bits) { return fp8_bits_to_f32(bits, kE5M2, true); }
+float fp8_max_finite(DType fp8_dtype) {
+  PAGEDATTN_CHECK(is_fp8(fp8_dtype), "dtype", "fp8_max_finite: ", dtype_name(fp8_dtype),
+                  " is not an fp8 format (expected fp8_e4m3 or fp8_e5m2)");
+  return std::bit_cast<float>((fp8_dtype == DType::fp8_e4m3 ? kE4M3 : kE5M2).max_f32_bits);
+}
 
 // ---- element access ----------------------------------------------------------------------------
 

@@ -147,14 +147,14 @@ Shape::Shape(std::span<const int64_t> dims) {
 }
 
 int64_t Shape::numel() const {
-  for (int i = 0; i < ndim_; ++i) {
-    if (dims_[static_cast<size_t>(i)] == 0) return 0;
-  }
   int64_t n = 1;
+  bool overflow = false;
   for (int i = 0; i < ndim_; ++i) {
-    PAGEDATTN_CHECK(!__builtin_mul_overflow(n, dims_[static_cast<size_t>(i)], &n), "shape", "shape ", str(),
-                    " has more elements than an int64 holds");
+    const int64_t d = dims_[static_cast<size_t>(i)];
+    if (d == 0) return 0;  // empty, whatever the other dims
+    overflow |= __builtin_mul_overflow(n, d, &n);
   }
+  PAGEDATTN_CHECK(!overflow, "shape", "shape ", str(), " has more elements than an int64 holds");
   return n;
 }
 

@@ -382,18 +382,11 @@ Attention::MeasuredKVScales Attention::measure_kv_scales(const TensorView& key,
                   "scales().", scales_.k_scale_per_head.defined() ? "k" : "v",
                   "_scale_per_head is set (per-head scales replace the per-tensor ones): expected "
                   "either calculate_kv_scales or per-head scales, not both");
-  const TensorView& slots = metadata.slot_mapping;
-  PAGEDATTN_CHECK(slots.defined() && slots.dtype() == DType::i64 && slots.ndim() == 1 &&
-                      slots.device() == key.device(),
-                  "metadata", "Attention '", layer, "': metadata.slot_mapping is ",
-                  slots.describe(), ", expected int64 (num_tokens,) on ",
-                  device_name(key.device()));
-  // The rows the cache write stores: [0, min(key rows, slots)) with a slot != -1.
-  const TensorView written = slots.narrow(0, 0, std::min(key.size(0), slots.size(0)));
+  // The rows the cache write stores (slot != -1), with the write's own checks of the slot mapping.
   if (key.device() == Device::cuda && !kv_amax_result_.defined()) {
     kv_amax_result_ = Tensor(Shape{2}, DType::i32, Device::cuda, key.device_index());
   }
-  const detail::KVAmax amax = detail::written_rows_amax(key, value, written, kv_amax_result_);
+  const detail::KVAmax amax = detail::written_rows_amax(key, value, metadata.slot_mapping, kv_amax_result_);
   PAGEDATTN_CHECK(!k_scale_pending_ || std::isfinite(amax.key), "key", "Attention '", layer,
                   "': calculate_kv_scales: the keys this forward writes hold a non-finite value "
                   "(amax |key| = ", amax.key, "): expected finite keys to measure k_scale from");
@@ -403,7 +396,7 @@ Attention::MeasuredKVScales Attention::measure_kv_scales(const TensorView& key,
                   "from");
   // scale = amax / fp8 max, one f32 division; 0 (all-zero rows, or an amax so small that the
   // quotient underflows) would divide by zero when quantizing: keep the scale, measure later.
-  const float range = detail::fp8_max_finite(kv_cache_storage_dtype());
+  const float range = fp8_max_finite(kv_cache_storage_dtype());
   MeasuredKVScales measured{scales_};
   const float k_scale = amax.key / range, v_scale = amax.value / range;
   if (k_scale_pending_ && k_scale > 0.f) {

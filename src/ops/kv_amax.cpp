@@ -12,6 +12,7 @@
 
 #include "core/device_memory.h"
 #include "ops/cuda_ops.h"
+#include "ops/ops_checks.h"
 #include "pagedattn/error.h"
 
 namespace pagedattn::detail {
@@ -54,7 +55,16 @@ uint32_t host_rows_amax_bits(const TensorView& x, const int64_t* slots, int64_t 
 
 KVAmax written_rows_amax(const TensorView& key, const TensorView& value,
                          const TensorView& slot_mapping, const TensorView& device_result) {
-  const int64_t num_rows = slot_mapping.size(0);
+  constexpr std::string_view op = "calculate_kv_scales";
+  ops_detail::check_rank(op, key, "key", 3, "(num_tokens, num_kv_heads, head_size)");
+  ops_detail::check_rank(op, value, "value", 3, "(num_tokens, num_kv_heads, head_size_v)");
+  ops_detail::check_activation_dtype(op, key, "key");
+  ops_detail::check_activation_dtype(op, value, "value");
+  PAGEDATTN_CHECK(value.dtype() == key.dtype() && value.size(0) == key.size(0), "value", op, ": value is ",
+                  value.describe(), ", expected ", dtype_name(key.dtype()), " with key's ", key.size(0), " rows");
+  const int64_t num_rows = ops_detail::check_slot_mapping(op, slot_mapping, key.size(0), "key/value hold");
+  ops_detail::check_same_device(op, value, "value", key.device(), key.device_index());
+  ops_detail::check_same_device(op, slot_mapping, "slot_mapping", key.device(), key.device_index());
   if (key.device() == Device::cuda) {
 #if PAGEDATTN_HAS_CUDA
     PAGEDATTN_CHECK(device_result.defined() && device_result.dtype() == DType::i32 &&
@@ -75,17 +85,6 @@ KVAmax written_rows_amax(const TensorView& key, const TensorView& value,
   const int64_t slot_stride = slot_mapping.stride(0);
   return KVAmax{float_of_bits(host_rows_amax_bits(key, slots, slot_stride, num_rows)),
                 float_of_bits(host_rows_amax_bits(value, slots, slot_stride, num_rows))};
-}
-
-float fp8_max_finite(DType fp8_dtype) {
-  switch (fp8_dtype) {
-    case DType::fp8_e4m3: return 448.f;
-    case DType::fp8_e5m2: return 57344.f;
-    default:
-      throw Error("kv_cache_dtype", detail::concat("fp8_max_finite: ", dtype_name(fp8_dtype),
-                                                   " is not an fp8 format (expected fp8_e4m3 or "
-                                                   "fp8_e5m2)"));
-  }
 }
 
 }  // namespace pagedattn::detail

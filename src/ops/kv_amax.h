@@ -19,16 +19,13 @@ struct KVAmax {
 // over the bit patterns of |x|, where NaN > inf > every finite value), so the caller can reject
 // a non-finite batch.
 //
-// Preconditions (checked by the caller, the layer's forward): key (N, Hkv, D) and value
-// (N, Hkv, Dv) f32/f16/bf16, any strides, on one device; slot_mapping i64 (N' <= N) on that device.
-// Host tensors: read on the host. CUDA tensors: a kernel over the device tensors writes the two
+// Inputs, checked here with the cache ops' checks (ops_checks.h; an Error naming the argument,
+// before anything is read): key (N, Hkv, D) and value (N, Hkv, Dv) f32/f16/bf16, any strides, on
+// one device; slot_mapping i64 (N' <= N) on that device. Host tensors: read on the host. CUDA tensors: a kernel over the device tensors writes the two
 // maxima into `device_result` (i32 (2,) on that device, overwritten), then ONE synchronous copy
 // brings them to the host (the layer's scales are host floats; vLLM's calc_kv_scales syncs too,
 // through .item()). Only the first batch of a layer with calculate_kv_scales pays it.
 KVAmax written_rows_amax(const TensorView& key, const TensorView& value,
                          const TensorView& slot_mapping, const TensorView& device_result);
-
-// The largest finite value of an fp8 format: 448 (fp8_e4m3), 57344 (fp8_e5m2).
-float fp8_max_finite(DType fp8_dtype);
 
 }  // namespace pagedattn::detail

@@ -282,6 +282,15 @@ TEST_P(Fp8, SaturatesBeyondMaxAndInfinity) {
   }
 }
 
+// fp8_max_finite is the format's max, the value the encoder saturates to; other dtypes are errors.
+TEST_P(Fp8, MaxFiniteIsTheSaturationValue) {
+  const Fp8Case& c = GetParam();
+  const DType dtype = c.has_inf ? DType::fp8_e5m2 : DType::fp8_e4m3;
+  EXPECT_EQ(fp8_max_finite(dtype), static_cast<float>(c.max));
+  EXPECT_EQ(c.decode(c.encode(std::numeric_limits<float>::infinity())), fp8_max_finite(dtype));
+  EXPECT_THROW((void)fp8_max_finite(DType::bf16), Error);
+}
+
 TEST_P(Fp8, NanStaysNan) {
   const Fp8Case& c = GetParam();
   for (const uint32_t bits : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fffffffu}) {

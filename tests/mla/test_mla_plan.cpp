@@ -87,7 +87,6 @@ TEST(MLAPlan, SplitAndChunkedContextAsVllm) {
   EXPECT_EQ(md.decode.seq_lens_device.data(), md.decode.seq_lens.data());
   ASSERT_TRUE(md.prefill.has_value());
   const MLAPrefillMetadata& p = *md.prefill;
-  EXPECT_EQ(p.request_offset, 2);
   EXPECT_EQ(p.token_offset, 2);
   EXPECT_EQ(p.query_start_loc, (std::vector<int32_t>{0, 3, 5, 7}));
   EXPECT_EQ(p.seq_lens, (std::vector<int32_t>{103, 42, 2}));
@@ -139,7 +138,6 @@ TEST(MLAPlan, PaddingRequestsAreLeftOutOfBothParts) {
   EXPECT_EQ(row(md.decode.block_table, 1), row(bt, 2));
   ASSERT_TRUE(md.prefill.has_value());
   const MLAPrefillMetadata& p = *md.prefill;
-  EXPECT_EQ(p.request_offset, 4);
   EXPECT_EQ(p.token_offset, 2);
   EXPECT_EQ(p.query_start_loc, (std::vector<int32_t>{0, 3, 5}));
   EXPECT_EQ(p.seq_lens, (std::vector<int32_t>{103, 42}));

@@ -50,8 +50,8 @@ TensorView host_i32_view(std::vector<int32_t>& v, Shape shape) {
 
 // The rows `reqs` (ascending) of the step's block table, for one part of the plan: a view when they
 // are consecutive (no padding request among them: the usual case), else a copy gathered into
-// `storage` on the table's device (held by the plan; on CUDA the copies are issued on the current
-// stream, before anything the plan runs).
+// `storage` on the table's device (held by the plan; on CUDA one row copy each, issued on the
+// current stream before anything the plan runs).
 TensorView part_block_table(const TensorView& bt, const std::vector<int>& reqs, std::shared_ptr<Tensor>& storage) {
   const int64_t n = static_cast<int64_t>(reqs.size());
   if (n == 0) return bt.narrow(0, 0, 0);
@@ -69,16 +69,8 @@ TensorView part_block_table(const TensorView& bt, const std::vector<int>& reqs, 
   PAGEDATTN_CHECK(bt.stride(1) == 1, "common.block_table_tensor", kWho, "block_table_tensor is ",
                   bt.describe(), ": a batch with padding requests (query_len 0) among others needs "
                   "its rows packed (column stride 1) to gather them");
-  const size_t row_bytes = static_cast<size_t>(cols) * sizeof(int32_t);
-  for (int64_t i = 0; i < n;) {  // runs of consecutive rows: one copy each when the rows are packed
-    int64_t j = i + 1;
-    while (j < n && reqs[j] == reqs[j - 1] + 1) ++j;
-    if (bt.stride(0) == cols) {
-      detail::memcpy_d2d(dst + i * cols, src + reqs[i] * cols, static_cast<size_t>(j - i) * row_bytes);
-    } else {
-      for (int64_t k = i; k < j; ++k) detail::memcpy_d2d(dst + k * cols, src + reqs[k] * bt.stride(0), row_bytes);
-    }
-    i = j;
+  for (int64_t i = 0; i < n; ++i) {
+    detail::memcpy_d2d(dst + i * cols, src + reqs[i] * bt.stride(0), static_cast<size_t>(cols) * sizeof(int32_t));
   }
   return storage->view();
 }
@@ -275,7 +267,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
     if (q == 0) continue;
     if (q == 1) {
       PAGEDATTN_CHECK(prefill_reqs.empty(), "common", kWho, "request ", r,
-                      " has query_len 1 after a prefill (request ", prefill_reqs.empty() ? 0 : prefill_reqs.front(),
+                      " has query_len 1 after a prefill (request ", prefill_reqs.front(),
                       "): the batch must be ordered decodes first (reorder_batch, threshold 1)");
       decode_reqs.push_back(r);
     } else {
@@ -312,7 +304,6 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
     MLAPrefillMetadata& pre = md->prefill.emplace();
     pre.num_prefills = num_prefills;
     pre.num_prefill_tokens = md->num_prefill_tokens;
-    pre.request_offset = prefill_reqs.front();
     pre.token_offset = md->num_decode_tokens;
     pre.query_start_loc.assign(static_cast<size_t>(num_prefills) + 1, 0);
     pre.seq_lens.resize(num_prefills);

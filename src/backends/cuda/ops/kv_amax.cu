@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
