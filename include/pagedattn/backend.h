@@ -114,6 +114,14 @@ struct BuilderConfig {
   // every plan of the builder is a function of each request alone, so a request's output rows
   // are bitwise identical whatever else is in the batch. No cascade; fixed split-KV sizes.
   bool batch_invariant = false;
+  // Speculative decoding (vLLM's speculative_config.num_speculative_tokens, k >= 0, 1 + k <=
+  // max_num_batched_tokens, else make_builder throws naming it): a request of 2 to 1 + k query
+  // tokens (the last sampled token plus k drafts to verify) is a decode. The standard builders
+  // (CPU, CUDA, REFERENCE) then report reorder_batch_threshold() = 1 + k and plan such requests
+  // on their decode paths (CPU: split-KV and the direct decode kernel; CUDA: decode-path items of
+  // 16 rows); the rows attend causally among themselves. MLA builders keep 1: their absorbed
+  // decode takes one token per request, so a k-token request is a prefill there.
+  int num_speculative_tokens = 0;
   // MLA groups only (spec.kind == mla): the layer dimensions and the activation dtype (the
   // builder owns the step's MLA workspaces), and the chunked-prefill workspace in tokens
   // (0 = vLLM's rule, see mla.h). num_heads above is the layers' query heads.
@@ -121,6 +129,12 @@ struct BuilderConfig {
   DType mla_dtype = DType::bf16;
   int64_t mla_chunked_prefill_workspace_tokens = 0;
 };
+
+// The standard builders' reorder_batch_threshold(): 1 + num_speculative_tokens when speculative
+// decoding is on, else 0 (no reorder needed).
+inline int speculative_decode_threshold(const BuilderConfig& config) {
+  return config.num_speculative_tokens > 0 ? 1 + config.num_speculative_tokens : 0;
+}
 
 // Which build() of a builder made a plan whose data lives in buffers the builder reuses (the
 // CUDA backends' device plan arrays and split-KV partials). The builder bumps `source` at every
@@ -196,7 +210,9 @@ class AttentionMetadataBuilder {
                                      int num_sms) const;
   virtual bool supports_cascade() const { return false; }
   // Requests with at most this many query tokens count as decodes and go first
-  // (reorder_batch_to_split_decodes_and_prefills); 0 = the builder needs no reorder.
+  // (reorder_batch_to_split_decodes_and_prefills); 0 = the builder needs no reorder (every
+  // request of 1 token is a decode). Standard builders: 0, or 1 + num_speculative_tokens when
+  // that is > 0 (BuilderConfig); MLA builders: 1.
   virtual int reorder_batch_threshold() const { return 0; }
   // Returns the permutation to apply (order[i] = old index now at i) or nullopt when none.
   virtual std::optional<BatchReorder> reorder_batch(std::span<const int32_t> num_scheduled_tokens) const;

@@ -218,7 +218,8 @@ class Attention:
     def allocate_kv_cache(self, num_blocks: int, framework: Optional[str] = None) -> Tensor: ...
     def metadata_builder(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                          max_model_len: int = 8192, *,
-                         batch_invariant: bool = False) -> AttentionMetadataBuilder: ...
+                         batch_invariant: bool = False,
+                         num_speculative_tokens: int = 0) -> AttentionMetadataBuilder: ...
     def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
                 kv_cache: Optional[Tensor], attn_metadata: AttentionMetadata,
                 output: Optional[Tensor] = None, return_lse: bool = False,
@@ -380,7 +381,8 @@ class MLAAttention:
     def metadata_builder(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
                          max_model_len: int = 8192,
                          chunked_prefill_workspace_tokens: Optional[int] = None, *,
-                         batch_invariant: bool = False) -> AttentionMetadataBuilder: ...
+                         batch_invariant: bool = False,
+                         num_speculative_tokens: int = 0) -> AttentionMetadataBuilder: ...
     def forward(self, q: Tensor, kv_c_normed: Tensor, k_pe: Tensor, kv_cache: Tensor,
                 attn_metadata: AttentionMetadata, output: Optional[Tensor] = None,
                 output_lse: Optional[Tensor] = None, return_lse: bool = False) -> Any: ...

@@ -162,6 +162,7 @@ class MLAAttention(_C._MLAAttention):
         chunked_prefill_workspace_tokens: Optional[int] = None,
         *,
         batch_invariant: bool = False,
+        num_speculative_tokens: int = 0,
     ) -> _C.AttentionMetadataBuilder:
         """A metadata builder for this layer's KV-cache group (vLLM's MLACommonMetadataBuilder).
         ``build(common)`` returns an ``MLAAttentionMetadata``; the batch must list its decodes
@@ -176,6 +177,10 @@ class MLAAttention(_C._MLAAttention):
         batch_invariant: plans whose output bits for a request do not depend on the rest of the
         batch (fixed context chunks and split sizes; env PAGEDATTN_BATCH_INVARIANT=1 turns it on
         for every builder).
+
+        num_speculative_tokens: vLLM's speculative_config (checked >= 0); the absorbed decode takes
+        one token per request, so the MLA builders keep reorder_batch_threshold = 1 and a request
+        of 1 + k tokens is a prefill.
         """
         w = 0 if chunked_prefill_workspace_tokens is None else int(chunked_prefill_workspace_tokens)
         if chunked_prefill_workspace_tokens is not None and w <= 0:
@@ -185,7 +190,8 @@ class MLAAttention(_C._MLAAttention):
         i32 = _tensors.int32_arg
         return self._metadata_builder(i32(max_num_seqs, "max_num_seqs"),
                                       i32(max_num_batched_tokens, "max_num_batched_tokens"),
-                                      i32(max_model_len, "max_model_len"), w, bool(batch_invariant))
+                                      i32(max_model_len, "max_model_len"), w, bool(batch_invariant),
+                                      i32(num_speculative_tokens, "num_speculative_tokens"))
 
     def forward(
         self,

@@ -173,7 +173,7 @@ void bind_layer(nb::module_& m) {
       .def(
           "metadata_builder",
           [](const Attention& a, int max_num_seqs, int max_num_batched_tokens, int max_model_len,
-             bool batch_invariant) {
+             bool batch_invariant, int num_speculative_tokens) {
             const AttentionLayerParams& p = a.params();
             // Layers without a cache (encoder, encoder_only) still plan through a builder; as
             // vLLM's EncoderOnlyAttentionSpec, theirs is a full-attention spec of the layer.
@@ -184,16 +184,19 @@ void bind_layer(nb::module_& m) {
                                                   p.head_size, p.dtype, p.head_size_v);
             BuilderConfig config = a.builder_config(max_num_seqs, max_num_batched_tokens, max_model_len);
             config.batch_invariant = batch_invariant;
+            config.num_speculative_tokens = num_speculative_tokens;
             return make_builder_object(a.backend(), spec, config, a.params().device);
           },
           "max_num_seqs"_a = 256, "max_num_batched_tokens"_a = 8192, "max_model_len"_a = 8192,
-          nb::kw_only(), "batch_invariant"_a = false,
+          nb::kw_only(), "batch_invariant"_a = false, "num_speculative_tokens"_a = 0,
           "A metadata builder for this layer's KV-cache group (vLLM's "
           "get_builder_cls()(kv_cache_spec, layer_names, vllm_config, device)). Its workspace is "
           "sized once from the limits: a batch beyond them is an error, never a resize. "
           "batch_invariant: plans whose output bits for a request do not depend on the rest of the "
           "batch (BuilderConfig::batch_invariant; env PAGEDATTN_BATCH_INVARIANT=1 turns it on for "
-          "every builder).")
+          "every builder). num_speculative_tokens (vLLM's speculative_config): k > 0 makes a "
+          "request of up to 1 + k tokens a decode (reorder_batch_threshold = 1 + k), planned on "
+          "the decode path.")
       .def(
           "_forward",
           [](Attention& a, nb::handle query, nb::handle key, nb::handle value, nb::handle kv_cache,

@@ -353,14 +353,15 @@ void bind_mla(nb::module_& m) {
       .def(
           "_metadata_builder",
           [](const MLAAttention& a, int max_num_seqs, int max_num_batched_tokens, int max_model_len,
-             int64_t chunked_prefill_workspace_tokens, bool batch_invariant) {
+             int64_t chunked_prefill_workspace_tokens, bool batch_invariant, int num_speculative_tokens) {
             BuilderConfig config = a.builder_config(max_num_seqs, max_num_batched_tokens, max_model_len,
                                                     chunked_prefill_workspace_tokens);
             config.batch_invariant = batch_invariant;
+            config.num_speculative_tokens = num_speculative_tokens;
             return make_builder_object(a.backend(), a.kv_cache_spec(), config, a.params().device);
           },
           "max_num_seqs"_a, "max_num_batched_tokens"_a, "max_model_len"_a,
-          "chunked_prefill_workspace_tokens"_a, "batch_invariant"_a)
+          "chunked_prefill_workspace_tokens"_a, "batch_invariant"_a, "num_speculative_tokens"_a)
       .def(
           "_process_weights_after_loading",
           [](MLAAttention& a, nb::handle kv_b_proj) {

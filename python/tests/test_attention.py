@@ -407,6 +407,31 @@ def test_build_for_drafting_and_fast_build_match_build(rng, backend):
     assert e.value.argument == "draft_index"
 
 
+@pytest.mark.parametrize("backend", ["CPU", "REFERENCE"])
+def test_speculative_decodes_match_the_oracle(rng, backend):
+    # num_speculative_tokens = 3: requests of up to 4 tokens are decodes (reorder threshold 4);
+    # their rows attend causally to the cache and the earlier rows of the request.
+    layer = pagedattn.Attention(8, 32, None, num_kv_heads=2, dtype="float32", backend=backend)
+    builder = layer.metadata_builder(num_speculative_tokens=3)
+    assert builder.reorder_batch_threshold == 4
+    assert layer.metadata_builder().reorder_batch_threshold == 0
+    query_lens, context_lens = [4, 30, 1, 2, 4], [700, 0, 300, 40, 90]
+    order, modified = builder.reorder_batch(query_lens)
+    assert modified and [query_lens[i] <= 4 for i in order] == [True] * 4 + [False]
+    batch = make_batch(rng, [query_lens[i] for i in order], [context_lens[i] for i in order],
+                       16, 2, 32)
+    cache = layer.allocate_kv_cache(batch.num_blocks)
+    fill_context(batch, cache, 32, 32)
+    k, v = batch.new_kv()
+    query = rng.standard_normal((batch.num_tokens, 8, 32), dtype=np.float32)
+    out = layer.forward(query, k, v, cache, builder.build(batch.common()))
+    ref, _ = reference_forward(batch, query, cache, oracle_args(layer), 32)
+    assert rel_err(out, ref) <= TOLERANCE["float32"]
+    with pytest.raises(pagedattn.Error, match="num_speculative_tokens = -1") as e:
+        layer.metadata_builder(num_speculative_tokens=-1)
+    assert e.value.argument == "config.num_speculative_tokens"
+
+
 def test_forward_context_runs_each_layer_with_its_plan_and_cache(rng):
     model = pagedattn.StaticForwardContext()
     owner = pagedattn.Attention(4, 32, None, num_kv_heads=2, prefix="layers.0.attn",

@@ -385,6 +385,8 @@ def test_mla_spec_and_layer_properties():
                                backend="REFERENCE_MLA", prefill_backend="CPU")
     builder = forced.metadata_builder()
     assert builder.reorder_batch_threshold == 1
+    # One-token absorbed decodes: speculative requests are prefills for MLA.
+    assert forced.metadata_builder(num_speculative_tokens=3).reorder_batch_threshold == 1
     assert builder.reorder_batch([5, 1, 1]) == ([2, 1, 0], True)
     assert builder.kv_cache_spec.kind == "mla"
 

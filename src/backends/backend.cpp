@@ -60,6 +60,11 @@ Tensor AttentionBackend::allocate_kv_cache(int64_t num_blocks, int block_size, i
 
 std::unique_ptr<AttentionMetadataBuilder> AttentionBackend::make_builder(
     const KVCacheSpec& spec, const BuilderConfig& config, Device device) const {
+  PAGEDATTN_CHECK(config.num_speculative_tokens >= 0 &&
+                      int64_t{config.num_speculative_tokens} + 1 <= config.max_num_batched_tokens,
+                  "config.num_speculative_tokens", name(), " make_builder: config.num_speculative_tokens = ",
+                  config.num_speculative_tokens, " must be >= 0 and leave room for the 1 + k tokens of a ",
+                  "speculative decode in max_num_batched_tokens = ", config.max_num_batched_tokens);
   if (spec.kind != KVCacheSpecKind::chunked_local_attention) {
     return make_backend_builder(spec, config, device);
   }

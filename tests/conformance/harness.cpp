@@ -129,6 +129,7 @@ BuilderConfig case_builder_config(const ConformanceCase& c, int max_num_seqs, in
   b.sliding_window = c.sliding_window;
   b.use_alibi = c.alibi;
   b.attn_type = c.attn_type;
+  b.num_speculative_tokens = c.num_speculative_tokens;
   return b;
 }
 
@@ -200,6 +201,7 @@ std::string ConformanceCase::describe() const {
   if (per_head_kv_scales) os << " per_head_scales";
   if (cascade_prefix > 0) os << " cascade_prefix=" << cascade_prefix;
   if (pad_tokens > 0) os << " pad=" << pad_tokens;
+  if (num_speculative_tokens > 0) os << " spec=" << num_speculative_tokens;
   os << (distribution == Distribution::uniform ? " uniform" : " normal");
   os << " batch=" << batch_string(batch);
   return os.str();
@@ -297,7 +299,8 @@ enum class Feature {
   hnd_block1,
   padded_block32,
   kv_float16,
-  big_head
+  big_head,
+  speculative
 };
 
 ConformanceCase apply_feature(ConformanceCase c, Feature f, size_t index) {
@@ -322,7 +325,7 @@ ConformanceCase apply_feature(ConformanceCase c, Feature f, size_t index) {
       c.sliding_window = 8;
       break;
     case Feature::soft_cap:
-      c.soft_cap = 2.0f;
+      c.soft_cap = 0.5f;  // small enough that the cap bends the uniform inputs' logits (|s| ~ 0.3-1)
       break;
     case Feature::alibi:
       c.alibi = true;
@@ -393,6 +396,15 @@ ConformanceCase apply_feature(ConformanceCase c, Feature f, size_t index) {
       c.num_kv_heads = 1;
       c.batch = {{20, 1}, {0, 6}};
       break;
+    case Feature::speculative:
+      // Speculative decodes (the last sampled token + drafts) of 2, 4 and 8 tokens beside
+      // 1-token decodes and a prefill, with the builders told k (1 + k = the decode threshold).
+      c.num_speculative_tokens = index % 2 == 0 ? 7 : 3;
+      c.num_heads = 8;
+      c.num_kv_heads = 2;
+      c.return_lse = true;
+      c.batch = {{50, 2}, {33, 4}, {7, 1}, {100, 8}, {0, 9}, {17, 4}};
+      break;
   }
   return c;
 }
@@ -417,7 +429,8 @@ constexpr Feature kAllFeatures[] = {Feature::plain,
                                     Feature::hnd_block1,
                                     Feature::padded_block32,
                                     Feature::kv_float16,
-                                    Feature::big_head};
+                                    Feature::big_head,
+                                    Feature::speculative};
 
 }  // namespace
 

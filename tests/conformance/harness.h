@@ -59,6 +59,7 @@ struct ConformanceCase {
                                     // <= every context_len); passed to build() as
                                     // common_prefix_len
   int pad_tokens = 0;               // padded token rows after num_actual_tokens (slot -1)
+  int num_speculative_tokens = 0;   // BuilderConfig::num_speculative_tokens of the builders
   Distribution distribution = Distribution::uniform;
   std::vector<RequestShape> batch;
 

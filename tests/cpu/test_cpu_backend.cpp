@@ -186,6 +186,7 @@ TEST(CpuThreads, EnvironmentAndConfigDecide) {
 struct PlanCase {
   std::vector<int32_t> query_lens, seq_lens;
   int num_heads = 8, num_kv_heads = 2, threads = 2, prefix = 0;
+  int num_speculative_tokens = 0;
   std::optional<int> window;
 };
 
@@ -202,6 +203,7 @@ std::shared_ptr<const CpuAttentionMetadata> make_plan(const PlanCase& p, size_t*
   config.max_num_batched_tokens = 1 << 14;
   config.num_sms = p.threads;
   config.sliding_window = p.window;
+  config.num_speculative_tokens = p.num_speculative_tokens;
   auto builder = cpu_backend().make_builder(spec, config, Device::cpu);
   if (workspace != nullptr) *workspace = builder->workspace_bytes();
   CommonAttentionMetadataArgs args;
@@ -307,6 +309,21 @@ TEST(CpuPlan, PrefillsAreTiledAndDecodesSplitWhenThreadsLackWork) {
       EXPECT_GE(item.kv_begin, (2996 - 999) / 64 * 64);
     }
   }
+  expect_complete(*md);
+}
+
+// Speculative decodes longer than 8 tokens are split along the keys like decodes only when the
+// builder knows them as decodes (num_speculative_tokens); the partials fit the workspace.
+TEST(CpuPlan, SpeculativeDecodesBeyondEightTokensSplitWithTheirThreshold) {
+  PlanCase spec;
+  spec.query_lens = {12, 10};
+  spec.seq_lens = {4000, 3000};
+  spec.threads = 4;
+  EXPECT_TRUE(make_plan(spec)->merges.empty()) << "12 tokens: a prefill chunk without the threshold";
+  spec.num_speculative_tokens = 11;
+  const auto md = make_plan(spec);
+  EXPECT_EQ(md->merges.size(), 4u) << "both requests split for each kv head";
+  for (const MergeTask& merge : md->merges) EXPECT_GE(merge.num_splits, 2);
   expect_complete(*md);
 }
 

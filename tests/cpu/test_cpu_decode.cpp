@@ -3,7 +3,7 @@
 // over bf16, f16 and fp8 caches) against the REFERENCE (fp64) on fresh
 // random inputs: GQA groups 1..8 (register blocks of 1..4 rows and several blocks per head), head
 // sizes 32..256, block sizes 16/32/64, NHD and HND, contexts that end inside a page,
-// 1-3 query tokens per request, sinks, soft-cap, ALiBi, sliding and symmetric windows, the LSE,
+// 1-3 query tokens per request (and speculative decodes of 2, 4 and 8), sinks, soft-cap, ALiBi, sliding and symmetric windows, the LSE,
 // logits scaled up so that the running max jumps by more than the lazy-rescale slack, 1 and 2
 // threads. Every case checks that the path actually ran (direct_decode_items_run) and that the
 // tile kernel (PAGEDATTN_CPU_DECODE_KERNEL=tile) gives the same answer within tolerance; the
@@ -194,6 +194,27 @@ TEST_P(CpuDirectDecode, GroupsHeadSizesBlockSizesLayouts) {
     c.return_lse = i % 2 == 0;
     c.batch = {{300, 1}, {70, 2}, {1, 1}, {129, 3}, {64, 1}};
     expect_direct_matches(c, 300 + i);
+  }
+}
+
+// Speculative decodes (BuilderConfig::num_speculative_tokens = 7): requests of 2, 4 and 8 query
+// tokens (the last sampled token + drafts) beside 1-token decodes and a prefill chunk; each row
+// attends causally to the cache and the earlier rows of its request. One thread: every decode is
+// head-fused and runs the direct kernel; two threads: the decodes are split along the keys
+// (split-KV, then merged) as well.
+TEST_P(CpuDirectDecode, SpeculativeDecodesOfTwoFourAndEightTokens) {
+  for (const char* threads : {"1", "2"}) {
+    const EnvGuard guard("PAGEDATTN_NUM_THREADS", threads);
+    ConformanceCase c;
+    c.dtype = DType::bf16;
+    c.head_size = 128;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.num_speculative_tokens = 7;
+    c.return_lse = true;
+    c.distribution = conformance::Distribution::normal;
+    c.batch = {{700, 2}, {37, 4}, {1200, 8}, {15, 1}, {300, 8}, {64, 2}, {0, 40}, {513, 4}};
+    expect_direct_matches(c, 410 + (threads[0] - '0'));
   }
 }
 

@@ -18,7 +18,8 @@
 namespace pagedattn::cpu {
 
 // Only requests with at most this many query tokens are split along the keys (decode, spec
-// decode); longer ones have enough rows to fill the threads with q tiles.
+// decode; more when BuilderConfig::num_speculative_tokens asks for longer decodes: the
+// workspace's max_split_query_len); longer ones have enough rows to fill the threads with q tiles.
 inline constexpr int kMaxSplitQueryLen = 8;
 // A split covers at least this many keys (the merge costs one partial row write + read).
 inline constexpr int kMinSplitKeys = 256;
@@ -53,6 +54,7 @@ struct CpuWorkspace {
   int max_rows = kMaxItemRows;
   int head_size = 0, head_size_v = 0;
   size_t scratch_stride = 0;          // bytes per thread, multiple of 64
+  int max_split_query_len = kMaxSplitQueryLen;  // max(kMaxSplitQueryLen, 1 + num_speculative_tokens)
   int64_t partial_capacity_rows = 0;  // split-KV partial rows available
   int64_t partial_o_stride = 0;       // floats per partial row (Dv rounded up to 16)
   host::RunBufferPool<CpuRunBuffers> buffers;
@@ -76,6 +78,7 @@ class CpuMetadataBuilder final : public AttentionMetadataBuilder {
                                                  const CommonAttentionMetadata& common,
                                                  bool fast_build = false) override;
   bool supports_cascade() const override { return !config_.batch_invariant; }  // no cascade in the mode
+  int reorder_batch_threshold() const override { return speculative_decode_threshold(config_); }
   size_t workspace_bytes() const override { return workspace_->bytes(); }
   int num_threads() const { return workspace_->num_threads; }
 

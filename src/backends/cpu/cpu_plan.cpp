@@ -4,7 +4,8 @@
 //   prefill / mixed  one item per (request, kv head, q tile of max_rows / G tokens): the rows of
 //                    every query head of the group share each K/V tile.
 //   decode           when the items do not give every thread kItemsPerThread of them, requests
-//                    with <= kMaxSplitQueryLen query tokens are split along their visible keys
+//                    with <= max_split_query_len query tokens (8, or 1 + num_speculative_tokens
+//                    when larger: speculative decodes) are split along their visible keys
 //                    (splits of >= kMinSplitKeys keys, boundaries on 64-key tiles); each split
 //                    writes partial rows (O, max, sum) that a merge task combines (LSE merge).
 //   cascade          (common_prefix_len > 0) consecutive requests are grouped (up to max_rows
@@ -120,11 +121,12 @@ CpuMetadataBuilder::CpuMetadataBuilder(KVCacheSpec spec, BuilderConfig config)
   ws->scratch_stride = (thread_scratch_bytes(ws->head_size, ws->head_size_v, ws->max_rows) + 63) &
                        ~static_cast<size_t>(63);
   // Split-KV partials: splits only exist while items < kItemsPerThread * threads, so at most
-  // 2 * target groups of <= kMaxSplitQueryLen * G rows each (see cpu_plan.cpp header). The
+  // 2 * target groups of <= max_split_query_len * G rows each (see cpu_plan.cpp header). The
   // batch-invariant mode never splits.
+  ws->max_split_query_len = std::max(kMaxSplitQueryLen, speculative_decode_threshold(config_));
   if (ws->num_threads > 1 && !config_.batch_invariant) {
     const int64_t target = static_cast<int64_t>(kItemsPerThread) * ws->num_threads;
-    ws->partial_capacity_rows = 2 * target * kMaxSplitQueryLen * group;
+    ws->partial_capacity_rows = 2 * target * ws->max_split_query_len * group;
   }
   ws->partial_o_stride = (ws->head_size_v + 15) / 16 * 16;
   ws->buffers.start([threads = ws->num_threads, stride = ws->scratch_stride,
@@ -286,7 +288,7 @@ std::shared_ptr<const AttentionMetadata> CpuMetadataBuilder::build(
         const int q_len = md->query_len(r);
         if (q_len == 0) continue;
         bool split = false;
-        if (q_len <= std::min(kMaxSplitQueryLen, tokens_per_tile)) {
+        if (q_len <= std::min(ws.max_split_query_len, tokens_per_tile)) {
           int lo = md->seq_lens[r], hi = 0;
           for (int t = 0; t < q_len; ++t) {
             const KeyRange range =

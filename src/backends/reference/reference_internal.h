@@ -31,6 +31,7 @@ class ReferenceMetadataBuilder final : public AttentionMetadataBuilder {
                                                  const CommonAttentionMetadata& common,
                                                  bool fast_build = false) override;
   bool supports_cascade() const override { return !config_.batch_invariant; }  // no cascade in the mode
+  int reorder_batch_threshold() const override { return speculative_decode_threshold(config_); }
 
  private:
   BuilderConfig config_;

@@ -90,6 +90,7 @@ class CudaMetadataBuilder final : public AttentionMetadataBuilder {
   bool can_run_in_cudagraph(const CommonAttentionMetadata& common) const override;
   CudaGraphSupport cudagraph_support() const override { return CudaGraphSupport::always; }
   bool supports_cascade() const override { return cascade_possible_; }
+  int reorder_batch_threshold() const override { return speculative_decode_threshold(config_); }
   size_t workspace_bytes() const override { return workspace_.nbytes(); }
 
  private:
