@@ -40,6 +40,8 @@ struct RunFlags {
   bool no_chunked_prefill = false;
   int long_prefill_token_threshold = 0;
   int max_steps = 0;
+  int num_speculative_tokens = 0;
+  double spec_acceptance_rate = 0.7;
   bool check = false, no_check = false;
   int check_interval = 4;
   bool batch_invariant = false, check_invariance = false;
@@ -140,6 +142,18 @@ Command add_run_command(CLI::App& parent) {
                   "a prefill chunk takes at most this many tokens (0 = the budget)")
       ->check(integer_option(0, kMaxTokens))
       ->group(sched);
+  app->add_option("--num-speculative-tokens", f->num_speculative_tokens,
+                  "speculative decoding: every decode carries K draft tokens after its sampled one (a (1 + K)-token "
+                  "decode; the builders take it as a decode: BuilderConfig::num_speculative_tokens); the drafts are "
+                  "accepted at --spec-acceptance-rate (seeded by --seed), and the report gives the accepted tokens "
+                  "per step")
+      ->check(integer_option(0, kMaxTokens))
+      ->group(sched);
+  app->add_option("--spec-acceptance-rate", f->spec_acceptance_rate,
+                  "probability that one draft token is accepted (the first rejection ends a request's chain)")
+      ->capture_default_str()
+      ->check(number_option(0, 1, true))
+      ->group(sched);
   app->add_option("--max-steps", f->max_steps, "stop after this many steps (0 = run every request to completion)")
       ->check(integer_option(0, kMaxInt))
       ->group(sched);
@@ -190,6 +204,8 @@ Command add_run_command(CLI::App& parent) {
     o.chunked_prefill = !f->no_chunked_prefill;
     o.long_prefill_token_threshold = f->long_prefill_token_threshold;
     o.max_steps = f->max_steps;
+    o.num_speculative_tokens = f->num_speculative_tokens;
+    o.spec_acceptance_rate = f->spec_acceptance_rate;
     if (f->check) o.check = true;
     if (f->no_check) o.check = false;
     o.check_interval = f->check_interval;

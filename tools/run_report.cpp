@@ -60,6 +60,18 @@ void print_run_report(const RunReport& r, std::ostream& os) {
   if (o.workload.system_prompt_len > 0) {
     t.add_row({"prefix-shared tokens", format_count(s.prefix_hit_tokens), ""});
   }
+  if (o.num_speculative_tokens > 0) {
+    const double per_decode = s.spec_decodes > 0 ? double(s.spec_decodes + s.accepted_tokens) / double(s.spec_decodes) : 0;
+    t.add_row({"speculative decoding",
+               std::to_string(o.num_speculative_tokens) + " drafts per decode, acceptance " +
+                   format_sig(o.spec_acceptance_rate) + ": " + format_count(s.draft_tokens) + " drafts, " +
+                   format_count(s.accepted_tokens) + " accepted",
+               ""});
+    t.add_row({"accepted tokens per step",
+               (s.steps > 0 ? format_sig(double(s.accepted_tokens) / double(s.steps)) : std::string("n/a")) +
+                   " (tokens per drafted decode " + format_sig(per_decode) + ")",
+               ""});
+  }
   t.add_row({"cascade plans", format_count(r.cascade_plans) + " of " + format_count(r.plans) + " plans", ""});
   t.add_row({"prefill tokens", format_count(s.prefill_tokens), ""});
   t.add_row({"decode tokens", format_count(s.decode_tokens), ""});
@@ -145,7 +157,9 @@ std::string run_report_json(const RunReport& r) {
                   {"max_num_batched_tokens", o.max_num_batched_tokens},
                   {"max_num_seqs", o.max_num_seqs},
                   {"chunked_prefill", o.chunked_prefill},
-                  {"max_steps", o.max_steps}};
+                  {"max_steps", o.max_steps},
+                  {"num_speculative_tokens", o.num_speculative_tokens},
+                  {"spec_acceptance_rate", o.spec_acceptance_rate}};
   j["workload"] = {{"num_requests", r.num_requests},
                    {"prompt_len", o.workload.prompt_len.describe()},
                    {"output_len", o.workload.output_len.describe()},
@@ -162,6 +176,10 @@ std::string run_report_json(const RunReport& r) {
                     {"preemptions", s.preemptions},
                     {"recomputed_tokens", s.discarded_tokens},
                     {"prefix_shared_tokens", s.prefix_hit_tokens},
+                    {"spec_decodes", s.spec_decodes},
+                    {"draft_tokens", s.draft_tokens},
+                    {"accepted_tokens", s.accepted_tokens},
+                    {"rejected_tokens", s.rejected_tokens()},
                     {"finished_requests", s.finished_requests},
                     {"max_running", s.max_running},
                     {"completed", r.completed},
@@ -222,6 +240,7 @@ std::string run_report_json(const RunReport& r) {
   for (const StepRecord& st : r.steps) {
     steps.push_back({{"step", st.step}, {"reqs", st.num_reqs}, {"tokens", st.num_tokens},
                      {"decode_tokens", st.num_decode_tokens}, {"prefill_tokens", st.num_prefill_tokens},
+                     {"draft_tokens", st.num_draft_tokens},
                      {"preempted", st.num_preempted}, {"plan_seconds", st.plan_seconds},
                      {"forward_seconds", st.forward_seconds}, {"cascade_plans", st.cascade_plans},
                      {"checked", st.checked}});

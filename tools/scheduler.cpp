@@ -14,7 +14,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 }  // namespace
 
 Scheduler::Scheduler(SchedulerConfig config, std::vector<RequestSpec> requests)
-    : config_(config), pool_(std::max(config.num_blocks, 0)) {
+    : config_(config), pool_(std::max(config.num_blocks, 0)), spec_rng_(config.spec_seed) {
   const SchedulerConfig& c = config_;
   if (c.block_size < 1) throw UsageError("--block-size: " + str(c.block_size) + " must be >= 1");
   if (c.num_blocks < 1) throw UsageError("--num-blocks: " + str(c.num_blocks) + " must be >= 1");
@@ -28,6 +28,15 @@ Scheduler::Scheduler(SchedulerConfig config, std::vector<RequestSpec> requests)
                      " must be >= 0 (0 = no limit)");
   }
   if (c.decode_threshold < 1) throw UsageError("decode_threshold: " + str(c.decode_threshold) + " must be >= 1");
+  if (c.num_speculative_tokens < 0 || c.num_speculative_tokens >= c.max_num_batched_tokens) {
+    throw UsageError("--num-speculative-tokens: " + str(c.num_speculative_tokens) +
+                     " must be >= 0 and leave room for the sampled token in --max-num-batched-tokens " +
+                     str(c.max_num_batched_tokens));
+  }
+  if (!(c.spec_acceptance_rate >= 0.0 && c.spec_acceptance_rate <= 1.0)) {
+    throw UsageError("--spec-acceptance-rate: " + std::to_string(c.spec_acceptance_rate) +
+                     " must be a probability in [0, 1]");
+  }
   if (requests.empty()) throw UsageError("--num-requests: the workload has no request");
   std::stable_sort(requests.begin(), requests.end(),
                    [](const RequestSpec& a, const RequestSpec& b) { return a.arrival_step < b.arrival_step; });
@@ -139,18 +148,29 @@ StepSchedule Scheduler::schedule() {
   out.step = clock_;
 
   std::vector<std::pair<int, int>> scheduled;  // (request id, tokens), in scheduling order
+  std::vector<int> drafts_of(requests_.size(), 0);
   int budget = config_.max_num_batched_tokens;
   auto chunk = [&](const SimRequest& r) {
     int n = std::min(r.num_tokens() - r.num_computed_tokens, budget);
     if (config_.long_prefill_token_threshold > 0) n = std::min(n, config_.long_prefill_token_threshold);
     return n;
   };
+  // Drafts of a decode (its prompt done, one sampled token left to feed back), 0 otherwise.
+  auto drafts = [&](const SimRequest& r) {
+    if (config_.num_speculative_tokens == 0 || r.num_output_tokens == 0 ||
+        r.num_tokens() - r.num_computed_tokens != 1) {
+      return 0;
+    }
+    return std::max(0, std::min({config_.num_speculative_tokens, r.spec.output_len - r.num_output_tokens - 1,
+                                 budget - 1}));
+  };
 
   // 1. running requests, admission order; preempt from the back when blocks run out.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     int id = running_[i];
     SimRequest& r = requests_[static_cast<size_t>(id)];
-    int n = chunk(r);
+    const int d = drafts(r);
+    int n = chunk(r) + d;
     int need = blocks_needed(r, n);
     bool self_preempted = false;
     while (!pool_.can_allocate(need)) {
@@ -167,6 +187,7 @@ StepSchedule Scheduler::schedule() {
     std::vector<int32_t> fresh = pool_.allocate(need);
     r.blocks.insert(r.blocks.end(), fresh.begin(), fresh.end());
     scheduled.emplace_back(id, n);
+    drafts_of[static_cast<size_t>(id)] = d;
     budget -= n;
     ++i;
   }
@@ -257,6 +278,7 @@ StepSchedule Scheduler::schedule() {
     s.request_id = id;
     s.num_scheduled_tokens = tokens_of[static_cast<size_t>(id)];
     s.num_computed_tokens = r.num_computed_tokens;
+    s.num_draft_tokens = drafts_of[static_cast<size_t>(id)];
     s.blocks = r.blocks;
     out.num_scheduled_tokens += s.num_scheduled_tokens;
     if (s.num_scheduled_tokens <= config_.decode_threshold) out.num_decode_tokens += s.num_scheduled_tokens;
@@ -273,10 +295,18 @@ void Scheduler::complete_step(const StepSchedule& step) {
       throw std::logic_error("Scheduler::complete_step: request " + str(s.request_id) +
                              " does not match the last schedule()");
     }
-    r.num_computed_tokens += s.num_scheduled_tokens;
+    r.num_computed_tokens += s.num_scheduled_tokens - s.num_draft_tokens;
     if (config_.prefix_caching) maybe_register_prefix(r);
     if (r.num_computed_tokens == r.num_tokens()) {
-      ++r.num_output_tokens;  // sampled
+      // Sampled: the accepted drafts and the token after them (a drafted decode is always here).
+      const int accepted = s.num_draft_tokens > 0 ? accepted_drafts(s.num_draft_tokens) : 0;
+      if (s.num_draft_tokens > 0) {
+        ++stats_.spec_decodes;
+        stats_.draft_tokens += s.num_draft_tokens;
+        stats_.accepted_tokens += accepted;
+      }
+      r.num_output_tokens += 1 + accepted;
+      r.num_computed_tokens += accepted;
       if (r.num_output_tokens == r.spec.output_len) {
         pool_.free(r.blocks);
         r.blocks.clear();
@@ -292,6 +322,13 @@ void Scheduler::complete_step(const StepSchedule& step) {
   stats_.decode_tokens += step.num_decode_tokens;
   stats_.prefill_tokens += step.num_prefill_tokens;
   ++clock_;
+}
+
+int Scheduler::accepted_drafts(int num_drafts) {
+  std::bernoulli_distribution accept(config_.spec_acceptance_rate);
+  int accepted = 0;
+  while (accepted < num_drafts && accept(spec_rng_)) ++accepted;
+  return accepted;
 }
 
 void Scheduler::set_decode_threshold(int threshold) {

@@ -19,6 +19,14 @@
 // output_len tokens. The last sampled token is never fed back, so a request computes
 // prompt_len + output_len - 1 tokens (plus what preemption makes it recompute).
 //
+// Speculative decoding (num_speculative_tokens = K > 0, as vLLM with a draft model): a running
+// request whose prompt is done schedules its last sampled token plus d = min(K, outputs it still
+// needs - 1, budget - 1) draft tokens. After the step the drafts are verified: each is accepted
+// with probability spec_acceptance_rate (seeded; the first rejection ends the chain), so the
+// request gains a + 1 tokens (a accepted drafts and the token sampled after them) and
+// num_computed_tokens advances by 1 + a; the cache slots of the d - a rejected drafts are written
+// again by later steps. Then scheduled_tokens == requested - prefix hits + discarded + rejected.
+//
 // Prefix sharing (a shared system prompt): once a request has computed the full blocks of the
 // system prompt, the scheduler keeps a reference to them (a one-entry prefix cache); requests
 // admitted later incref those blocks and start with num_computed_tokens = the shared tokens, so
@@ -32,6 +40,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <random>
 #include <vector>
 
 #include "pagedattn/kv_cache.h"
@@ -50,6 +59,9 @@ struct SchedulerConfig {
   int long_prefill_token_threshold = 0; // > 0: a prefill chunk takes at most this many tokens
   int decode_threshold = 1;             // query_len <= this counts as a decode (reorder)
   bool prefix_caching = true;           // share the system prompt's full blocks
+  int num_speculative_tokens = 0;       // K drafts per decode (see above); 0 = none
+  double spec_acceptance_rate = 0.7;    // probability that one draft is accepted
+  uint64_t spec_seed = 0;               // seed of the acceptance draws
 };
 
 enum class RequestStatus { pending, waiting, running, finished };
@@ -72,6 +84,7 @@ struct ScheduledRequest {
   int request_id = 0;
   int num_scheduled_tokens = 0;         // query_len this step
   int num_computed_tokens = 0;          // before this step (context)
+  int num_draft_tokens = 0;             // of num_scheduled_tokens: drafts to verify (speculative)
   std::vector<int32_t> blocks;          // the request's block table row after allocation
   int seq_len() const { return num_computed_tokens + num_scheduled_tokens; }
 };
@@ -97,7 +110,13 @@ struct SchedulerStats {
   int64_t preemptions = 0;
   int64_t discarded_tokens = 0;     // num_computed_tokens thrown away by preemptions
   int64_t prefix_hit_tokens = 0;    // tokens skipped by admissions that took the shared prefix
-  // Once done(): scheduled_tokens == requested_tokens() - prefix_hit_tokens + discarded_tokens.
+  // Speculative decoding: decodes that carried drafts, their drafts, how many were accepted.
+  int64_t spec_decodes = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  int64_t rejected_tokens() const { return draft_tokens - accepted_tokens; }
+  // Once done(): scheduled_tokens == requested_tokens() - prefix_hit_tokens + discarded_tokens
+  // + rejected_tokens().
   int64_t prefix_evictions = 0;
   int finished_requests = 0;
   int max_running = 0;
@@ -138,6 +157,7 @@ class Scheduler {
   void take_prefix(SimRequest& r);
   void maybe_register_prefix(const SimRequest& r);
   int shared_prefix_tokens(const SimRequest& r) const;
+  int accepted_drafts(int num_drafts);
 
   SchedulerConfig config_;
   std::vector<SimRequest> requests_;
@@ -152,6 +172,7 @@ class Scheduler {
   int max_blocks_per_request_ = 0;
   int max_request_len_ = 0;
   int64_t requested_tokens_ = 0;
+  std::mt19937_64 spec_rng_;
 };
 
 }  // namespace pagedattn::cli

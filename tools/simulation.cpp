@@ -49,6 +49,7 @@ bool same_builder_config(const BuilderConfig& a, const BuilderConfig& b) {
          a.max_num_batched_tokens == b.max_num_batched_tokens && a.max_model_len == b.max_model_len &&
          a.sliding_window == b.sliding_window && a.use_alibi == b.use_alibi && a.attn_type == b.attn_type &&
          a.num_sms == b.num_sms && a.batch_invariant == b.batch_invariant &&
+         a.num_speculative_tokens == b.num_speculative_tokens &&
          a.mla_dimensions == b.mla_dimensions && a.mla_dtype == b.mla_dtype &&
          a.mla_chunked_prefill_workspace_tokens == b.mla_chunked_prefill_workspace_tokens;
 }
@@ -233,6 +234,7 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState
   }
   config.num_sms = device == Device::cuda ? num_sms : threads;
   config.batch_invariant = options.batch_invariant;
+  config.num_speculative_tokens = options.num_speculative_tokens;
   for (size_t g = 0; g < list.size(); ++g) {
     if (list[g].backend == &backend && list[g].spec == spec && same_builder_config(list[g].config, config)) {
       return static_cast<int>(g);
@@ -376,6 +378,9 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   sc.max_model_len = o.max_model_len > 0 ? o.max_model_len : s.preset->max_model_len;
   sc.chunked_prefill = o.chunked_prefill;
   sc.long_prefill_token_threshold = o.long_prefill_token_threshold;
+  sc.num_speculative_tokens = o.num_speculative_tokens;
+  sc.spec_acceptance_rate = o.spec_acceptance_rate;
+  sc.spec_seed = o.seed ^ 0x5bec5bec5bec5becull;
   int64_t page_bytes = 0;  // one block in every layer's cache
   for (const LayerState& l : s.layers) page_bytes += l.kv_cache_spec().page_size_bytes();
   if (o.num_blocks > 0) {
@@ -462,10 +467,16 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     }
   }
 
-  // Decodes-first reorder with the builders' threshold (vLLM: reorder_batch_threshold), >= 1.
-  int decode_threshold = 1;
-  for (const GroupState& g : s.groups) decode_threshold = std::max(decode_threshold, g.builder->reorder_batch_threshold());
-  s.scheduler->set_decode_threshold(decode_threshold);
+  // Decodes-first reorder with the builders' threshold (vLLM: reorder_batch_threshold): the
+  // smallest one that a builder asks for (1 + K for the standard builders under speculative
+  // decoding, 1 for MLA, whose builders need exactly their decodes first; the others accept any
+  // order), 1 when none asks.
+  int decode_threshold = 0;
+  for (const GroupState& g : s.groups) {
+    const int t = g.builder->reorder_batch_threshold();
+    if (t > 0) decode_threshold = decode_threshold == 0 ? t : std::min(decode_threshold, t);
+  }
+  s.scheduler->set_decode_threshold(std::max(decode_threshold, 1));
 
   // ---- activations ------------------------------------------------------------------------------------
   s.pool_host = Tensor(Shape{max_tokens * per_token + s.pool_slack}, o.dtype, Device::cpu);
@@ -511,6 +522,7 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
   rec.num_tokens = step.num_scheduled_tokens;
   rec.num_decode_tokens = step.num_decode_tokens;
   rec.num_prefill_tokens = step.num_prefill_tokens;
+  for (const ScheduledRequest& r : step.requests) rec.num_draft_tokens += r.num_draft_tokens;
   rec.num_preempted = static_cast<int>(step.preempted.size());
   rec.checked = check_step;
 

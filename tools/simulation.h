@@ -62,6 +62,8 @@ struct RunOptions {
   bool chunked_prefill = true;
   int long_prefill_token_threshold = 0;
   int max_steps = 0;                  // 0 = until every request finished
+  int num_speculative_tokens = 0;     // K draft tokens per decode (scheduler.h); 0 = none
+  double spec_acceptance_rate = 0.7;  // probability that one draft is accepted
   std::optional<bool> check;          // unset = on for the tiny preset only
   int check_interval = 4;             // check every n-th step (the first included)
   bool batch_invariant = false;       // BuilderConfig::batch_invariant of every group
@@ -98,6 +100,7 @@ struct StepRecord {
   int num_tokens = 0;
   int num_decode_tokens = 0;
   int num_prefill_tokens = 0;
+  int num_draft_tokens = 0;           // speculative drafts among the step's tokens
   int num_preempted = 0;
   double plan_seconds = 0;
   double forward_seconds = 0;

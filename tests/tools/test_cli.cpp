@@ -81,6 +81,40 @@ TEST(CliRun, DefaultPresetChecksAndWritesJson) {
   std::filesystem::remove(json);
 }
 
+// run --num-speculative-tokens: decodes carry drafts, the builders take them as decodes (the
+// standard ones: reorder threshold 1 + K; MLA: prefills), --check passes, the report and the JSON
+// give the drafts and accepted tokens, and the token accounting holds.
+TEST(CliRun, SpeculativeDecodingChecksAndReportsAcceptedTokens) {
+  std::filesystem::path json = std::filesystem::temp_directory_path() / "pagedattn_cli_test_spec.json";
+  CliResult r = cli({"run", "--num-requests", "6", "--prompt-len", "uniform:16:96", "--output-len", "uniform:6:20",
+                     "--num-speculative-tokens", "3", "--spec-acceptance-rate", "0.6", "--check-interval", "1",
+                     "--no-peaks", "--quiet", "--json", json.string()});
+  ASSERT_EQ(r.code, kExitOk) << r.err << r.out;
+  EXPECT_NE(r.out.find("check passed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 drafts per decode, acceptance 0.600"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("accepted tokens per step"), std::string::npos) << r.out;
+  std::ifstream in(json);
+  nlohmann::json j = nlohmann::json::parse(in);
+  const auto& s = j["scheduler"];
+  EXPECT_GT(s["draft_tokens"].get<int64_t>(), 0);
+  EXPECT_GT(s["accepted_tokens"].get<int64_t>(), 0);
+  EXPECT_EQ(s["draft_tokens"].get<int64_t>(), s["accepted_tokens"].get<int64_t>() + s["rejected_tokens"].get<int64_t>());
+  EXPECT_EQ(s["scheduled_tokens"].get<int64_t>(),
+            j["workload"]["requested_tokens"].get<int64_t>() + s["rejected_tokens"].get<int64_t>());
+  int64_t drafts = 0;
+  for (const auto& step : j["steps"]) drafts += step["draft_tokens"].get<int64_t>();
+  EXPECT_EQ(drafts, s["draft_tokens"].get<int64_t>());
+  EXPECT_EQ(j["options"]["num_speculative_tokens"], 3);
+  std::filesystem::remove(json);
+  // MLA: the absorbed decode takes one token, so the drafted requests run as prefills; still exact.
+  r = cli({"run", "--preset", "deepseek-v3", "--layers", "1", "--tp", "8", "--num-requests", "3", "--prompt-len",
+           "uniform:4:40", "--output-len", "uniform:4:8", "--max-steps", "6", "--backend", "CPU_MLA", "--check",
+           "--check-interval", "1", "--num-speculative-tokens", "2", "--no-peaks", "--quiet"});
+  EXPECT_EQ(r.code, kExitOk) << r.err << r.out;
+  EXPECT_NE(r.out.find("check passed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 drafts per decode"), std::string::npos) << r.out;
+}
+
 TEST(Simulation, FinishesEveryRequestFreesEveryBlockAndMatchesReference) {
   RunOptions o;
   o.preset = "gpt-oss-20b";  // sinks, sliding window 128 and full layers, GQA 64/8

@@ -41,6 +41,11 @@ void check_step(const Scheduler& s, const StepSchedule& step, RunSummary& summar
   for (const ScheduledRequest& r : step.requests) {
     EXPECT_TRUE(ids.insert(r.request_id).second) << "request " << r.request_id << " twice in step " << step.step;
     EXPECT_GT(r.num_scheduled_tokens, 0);
+    EXPECT_GE(r.num_draft_tokens, 0);
+    EXPECT_LE(r.num_draft_tokens, c.num_speculative_tokens);
+    if (r.num_draft_tokens > 0) {
+      EXPECT_EQ(r.num_scheduled_tokens, 1 + r.num_draft_tokens) << "a drafted decode feeds its sampled token + drafts";
+    }
     tokens += r.num_scheduled_tokens;
     if (r.num_scheduled_tokens <= c.decode_threshold) {
       EXPECT_FALSE(seen_prefill) << "a decode after a prefill in step " << step.step;
@@ -103,7 +108,9 @@ RunSummary run_to_completion(Scheduler& s) {
     EXPECT_GE(r.admitted_step, r.spec.arrival_step) << "request " << r.spec.id << " admitted before it arrived";
   }
   const SchedulerStats& st = s.stats();
-  EXPECT_EQ(st.scheduled_tokens, s.requested_tokens() - st.prefix_hit_tokens + st.discarded_tokens);
+  EXPECT_EQ(st.scheduled_tokens,
+            s.requested_tokens() - st.prefix_hit_tokens + st.discarded_tokens + st.rejected_tokens());
+  EXPECT_LE(st.accepted_tokens, st.draft_tokens);
   EXPECT_EQ(st.scheduled_tokens, st.decode_tokens + st.prefill_tokens);
   EXPECT_EQ(st.finished_requests, static_cast<int>(s.requests().size()));
   return summary;
@@ -225,7 +232,43 @@ TEST(Scheduler, InvariantsHoldAcrossRandomConfigurations) {
     s.set_decode_threshold(1 + static_cast<int>(seed % 4));  // as a builder's reorder_batch_threshold
     run_to_completion(s);
     if (HasFatalFailure()) return;
+    // The same with speculative decoding (K = 1..4 drafts, acceptance 0, 0.45 or 0.9).
+    c.num_speculative_tokens = 1 + static_cast<int>(seed % 4);
+    c.spec_acceptance_rate = 0.45 * static_cast<double>(seed % 3);
+    c.spec_seed = seed;
+    Scheduler spec(c, generate_workload(workload(12, "uniform:1:150", "uniform:1:60", seed, system_prompt, rate)));
+    spec.set_decode_threshold(1 + c.num_speculative_tokens);
+    run_to_completion(spec);
+    if (HasFatalFailure()) return;
   }
+}
+
+// Speculative decoding: a decode feeds its sampled token plus K drafts (fewer near the end of its
+// output); with acceptance 1 every draft is kept, with 0 none; the seeded draws repeat.
+TEST(Scheduler, SpeculativeDecodesCarryDraftsAndKeepTheAcceptedOnes) {
+  const auto run = [](int k, double rate, uint64_t seed) {
+    SchedulerConfig c = config(500);
+    c.num_speculative_tokens = k;
+    c.spec_acceptance_rate = rate;
+    c.spec_seed = seed;
+    c.decode_threshold = 1 + k;
+    Scheduler s(c, generate_workload(workload(8, "uniform:10:80", "uniform:20:40", 3)));
+    return run_to_completion(s);
+  };
+  const RunSummary plain = run(0, 0.7, 1);
+  EXPECT_EQ(plain.stats.draft_tokens, 0);
+  const RunSummary all = run(3, 1.0, 1);
+  EXPECT_GT(all.stats.draft_tokens, 0);
+  EXPECT_EQ(all.stats.accepted_tokens, all.stats.draft_tokens);
+  EXPECT_LT(all.steps * 2, plain.steps) << "4 tokens per decode step instead of 1";
+  const RunSummary none = run(3, 0.0, 1);
+  EXPECT_EQ(none.stats.accepted_tokens, 0);
+  EXPECT_EQ(none.steps, plain.steps) << "every draft rejected: one token per decode step, as without drafts";
+  const RunSummary some = run(3, 0.6, 7), again = run(3, 0.6, 7);
+  EXPECT_GT(some.stats.accepted_tokens, 0);
+  EXPECT_LT(some.stats.accepted_tokens, some.stats.draft_tokens);
+  EXPECT_EQ(some.stats.accepted_tokens, again.stats.accepted_tokens) << "seeded";
+  EXPECT_EQ(some.steps, again.steps);
 }
 
 TEST(Scheduler, RejectsConfigurationsThatCannotRun) {
@@ -242,6 +285,12 @@ TEST(Scheduler, RejectsConfigurationsThatCannotRun) {
   unchunked.chunked_prefill = false;
   EXPECT_THROW(make(unchunked, "100"), UsageError);
   EXPECT_THROW(make(config(0), "10"), UsageError);
+  SchedulerConfig spec = config(100, 64);
+  spec.num_speculative_tokens = 64;  // no room for the sampled token
+  EXPECT_THROW(make(spec, "10"), UsageError);
+  spec.num_speculative_tokens = 2;
+  spec.spec_acceptance_rate = 1.5;
+  EXPECT_THROW(make(spec, "10"), UsageError);
   try {
     make(budget_below_block, "10");
   } catch (const UsageError& e) {
