@@ -17,6 +17,7 @@
 // builder is made; without --kernels the environment's PAGEDATTN_CUDA_KERNEL applies.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -48,14 +49,32 @@ struct Request {
 };
 
 struct BenchCase {
-  std::string grid;   // decode / prefill / mixed
+  std::string grid;   // decode / prefill / mixed / spec (speculative decodes)
   std::string name;
   int head_size = 128;
   std::string kv_cache_dtype = "auto";  // auto (bf16), fp8_e4m3 or fp8_e5m2
   std::vector<Request> batch;
   int num_heads = 32, num_kv_heads = 8, block_size = 16;
   KVCacheLayout layout = KVCacheLayout::NHD;
+  int num_speculative_tokens = 0;  // BuilderConfig::num_speculative_tokens of the builder
+  // fp8 e4m3 output (grid fp8out): fused (the kernels write it, output_scale) or separate (bf16
+  // output, then a quantize pass over it, as an engine without the fusion runs it).
+  enum class Fp8Out { none, fused, separate } fp8_out = Fp8Out::none;
 };
+
+// The separate quantization the fused fp8 output replaces: bf16 -> e4m3 = x / scale[0], saturated
+// (one read of the bf16 output, one write of the bytes; 8 elements per thread).
+__global__ void quantize_e4m3(const __nv_bfloat16* in, __nv_fp8_e4m3* out, const float* scale, int64_t n) {
+  const int64_t i = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * 8;
+  if (i >= n) return;
+  const float inv = 1.f / *scale;
+  const uint4 raw = *reinterpret_cast<const uint4*>(in + i);
+  const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&raw);
+  uint2 packed;
+  uint8_t* b = reinterpret_cast<uint8_t*>(&packed);
+  for (int k = 0; k < 8; ++k) b[k] = __nv_cvt_float_to_fp8(__bfloat162float(x[k]) * inv, __NV_SATFINITE, __NV_E4M3);
+  *reinterpret_cast<uint2*>(out + i) = packed;
+}
 
 struct BenchResult {
   double ms = 0, kv_bytes = 0, flops = 0, tbps = 0, tflops = 0, floor_ms = 0, fraction_of_floor = 0;
@@ -103,6 +122,28 @@ BenchResult run_case(const BenchCase& bc, const Ceilings& ceil) {
   Tensor query(Shape{num_tokens, hq, d}, DType::bf16, Device::cuda);
   Tensor output(Shape{num_tokens, hq, d}, DType::bf16, Device::cuda);
   fill(query.data(), query.numel(), DType::bf16, 12);
+  using Fp8Out = BenchCase::Fp8Out;
+  Tensor output8, output_scale;  // fp8out rows
+  if (bc.fp8_out != Fp8Out::none) {
+    output8 = Tensor(Shape{num_tokens, hq, d}, DType::fp8_e4m3, Device::cuda);
+    Tensor host_scale(Shape{1}, DType::f32, Device::cpu);
+    host_scale.data_as<float>()[0] = 1.f / 64.f;
+    output_scale = host_scale.to(Device::cuda);
+  }
+  // One forward as the row runs it (captured in the graphs below).
+  const auto forward = [&](const AttentionMetadata& plan) {
+    if (bc.fp8_out == Fp8Out::fused) {
+      impl->forward(scales, query, {}, {}, cache, plan, output8, output_scale);
+      return;
+    }
+    impl->forward(scales, query, {}, {}, cache, plan, output);
+    if (bc.fp8_out == Fp8Out::separate) {
+      const int64_t n = output.numel();
+      quantize_e4m3<<<static_cast<unsigned>((n / 8 + 255) / 256), 256, 0, static_cast<cudaStream_t>(current_cuda_stream())>>>(
+          static_cast<const __nv_bfloat16*>(output.data()), static_cast<__nv_fp8_e4m3*>(output8.data()),
+          output_scale.data_as<const float>(), n);
+    }
+  };
 
   const KVCacheSpec spec = KVCacheSpec::full_attention(bs, hkv, d, kv_dtype);
   BuilderConfig config;
@@ -112,6 +153,7 @@ BenchResult run_case(const BenchCase& bc, const Ceilings& ceil) {
   config.max_num_seqs = std::max<int>(256, static_cast<int>(bc.batch.size()));
   config.max_num_batched_tokens = std::max(8192, num_tokens);
   config.max_model_len = std::max(max_seq, 1);
+  config.num_speculative_tokens = bc.num_speculative_tokens;
 
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -147,11 +189,11 @@ BenchResult run_case(const BenchCase& bc, const Ceilings& ceil) {
     builders.push_back(backend.make_builder(spec, config, Device::cuda));
     plans.push_back(builders.back()->build(0, commons.back().common));
     // Warm-up outside the graph (also configures the kernel).
-    impl->forward(scales, query, {}, {}, cache, *plans.back(), output);
+    forward(*plans.back());
     BENCH_CUDA(cudaStreamSynchronize(stream));
     cudaGraph_t graph;
     BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    impl->forward(scales, query, {}, {}, cache, *plans.back(), output);
+    forward(*plans.back());
     BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
     cudaGraphExec_t exec;
     BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
@@ -160,12 +202,13 @@ BenchResult run_case(const BenchCase& bc, const Ceilings& ceil) {
   }
   // Output sanity: every row finite (random inputs, no poison left).
   {
-    output.fill_bytes(0xFF);
+    Tensor& out = bc.fp8_out == Fp8Out::none ? output : output8;
+    out.fill_bytes(0xFF);
     BENCH_CUDA(cudaGraphLaunch(graphs[0], stream));
     BENCH_CUDA(cudaStreamSynchronize(stream));
-    const Tensor host = output.to(Device::cpu);
+    const Tensor host = out.to(Device::cpu);
     for (int64_t i = 0; i < host.numel(); ++i) {
-      if (!std::isfinite(load_f32(host.data(), DType::bf16, i))) {
+      if (!std::isfinite(load_f32(host.data(), out.dtype(), i))) {
         std::fprintf(stderr, "bench %s: output element %lld not finite\n", bc.name.c_str(), (long long)i);
         std::exit(1);
       }
@@ -243,6 +286,43 @@ std::vector<BenchCase> make_grid(bool quick, bool e5m2) {
     c.name = "decode b" + std::to_string(b) + "x" + std::to_string(ctx / 1024) + "k HND";
     c.batch.assign(b, Request{ctx - 1, 1});
     cases.push_back(c);
+  }
+  // Speculative decodes (issue 19): b64 x 4k (keys per request, the new tokens included) with q =
+  // 1 + k query tokens each, the builder told k; q = 1 is the plain decode they compare with.
+  for (const char* kv : kvs) {
+    if (quick && std::string(kv) != "auto") continue;
+    for (int q : {1, 2, 4, 8}) {
+      BenchCase c;
+      c.grid = "spec";
+      c.kv_cache_dtype = kv;
+      c.name = "spec decode b64x4k q" + std::to_string(q);
+      c.num_speculative_tokens = q - 1;
+      c.batch.assign(64, Request{4096 - q, q});
+      cases.push_back(c);
+    }
+  }
+  // Fused fp8 e4m3 output against bf16 output + a separate quantize pass (issue 19), d 128 bf16.
+  if (!quick) {
+    const std::pair<const char*, std::vector<Request>> shapes[] = {
+        {"decode b128x4k", std::vector<Request>(128, Request{4095, 1})},
+        {"prefill 4x4k causal", std::vector<Request>(4, Request{0, 4096})},
+        {"mixed 64 decodes@2k + 2 chunks of 512 (context 1536)", [] {
+           std::vector<Request> m(64, Request{2047, 1});
+           m.push_back(Request{1536, 512});
+           m.push_back(Request{1536, 512});
+           return m;
+         }()}};
+    for (const auto& [shape, batch] : shapes) {
+      for (auto [mode, suffix] : {std::pair{BenchCase::Fp8Out::fused, " fp8 out fused"},
+                                  std::pair{BenchCase::Fp8Out::separate, " fp8 out separate"}}) {
+        BenchCase c;
+        c.grid = "fp8out";
+        c.name = std::string(shape) + suffix;
+        c.fp8_out = mode;
+        c.batch = batch;
+        cases.push_back(c);
+      }
+    }
   }
   for (int d : {128, 64, 256}) {
     for (const char* kv : kvs) {

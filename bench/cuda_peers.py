@@ -4,22 +4,25 @@ same card. Each peer is optional (--peers); a missing wheel or a peer that raise
 row with one printed line.
 
   sdpa, cudnn  PyTorch scaled_dot_product_attention, flash / cuDNN backend, CONTIGUOUS bf16 KV (fp8
-               rows show the bf16 peer: SDPA has no fp8 KV), eager calls.
+               rows show the bf16 peer: SDPA has no fp8 KV), eager calls; not on mixed and spec rows
+               (its is_causal aligns the mask top-left, not to the end of each request's keys).
   flex         flex_attention (torch.compile'd, causal block mask, contiguous KV) on FLEX_ROWS (d 128).
   fa3          FlashAttention-3 forward (PyPI fa3-fwd): flash_attn_varlen_func on CONTIGUOUS KV (the wheel
                is built without paged KV), num_splits=0 (its split-KV heuristic); bf16, or on the fp8 rows
                fp8 e4m3 Q, K, V with descale factors (vLLM's FA3 call on an fp8 cache; Q is quantized
-               outside the timed region); decode, prefill (causal) and mixed rows; MLA prefill attention
+               outside the timed region); decode, prefill (causal), mixed and speculative-decode
+               ("spec": q new tokens per request, causal among them) rows; MLA prefill attention
                rows (Dqk 192, Dv 128, new tokens after the context, causal).
   flashinfer   FlashInfer, PAGED like ours (page 16, random block tables from a shuffled page pool):
                BatchDecodeWithPagedKVCacheWrapper on decode rows (NHD, and HND on the HND rows; its
                CUDA-core kernel, or with --fi-decode-tensor-cores its tensor-core "fa2" kernels),
-               BatchPrefillWithPagedKVCacheWrapper (causal) on prefill and mixed rows at
+               BatchPrefillWithPagedKVCacheWrapper (causal) on prefill, mixed and spec rows at
                --fi-prefill-head-sizes (default 128: each prefill module is a long nvcc build),
                BatchMLAPagedAttentionWrapper on MLA decode rows (kv_lora_rank 512, rope 64, page 64);
                bf16 Q on a bf16 or fp8 e4m3 cache (k_scale / v_scale given to run(), as vLLM does).
                plan() outside the timed region, run() inside. Every module the rows need is JIT-built
                first in one parallel ninja run, into $FLASHINFER_WORKSPACE_BASE (default /tmp/...).
+The fp8out rows (fused fp8 output against bf16 output + a separate quantize) are ours only.
 fa3 and flashinfer calls are timed as CUDA graphs, one per rotation, as bench/cuda_attention_bench
 times ours (eagerly if capture fails: "graph": false). Times: CUDA events, median of 5 repeats, the
 inputs rotated over up to 8 copies so the KV does not sit in L2; random inputs, never zeros.
@@ -118,6 +121,9 @@ def row_requests(row):
     m = re.fullmatch(r"decode b(\d+)x(\d+)k", name)
     if m:
         return [(1, int(m[2]) * 1024)] * int(m[1])
+    m = re.fullmatch(r"spec decode b(\d+)x(\d+)k q(\d+)", name)
+    if m:
+        return [(int(m[3]), int(m[2]) * 1024)] * int(m[1])
     m = re.fullmatch(r"prefill (\d+)x(\d+)k causal", name)
     if m:
         return [(int(m[2]) * 1024, int(m[2]) * 1024)] * int(m[1])
@@ -576,7 +582,7 @@ def main():
         if peer in ("sdpa", "cudnn"):
             backend = SDPBackend.FLASH_ATTENTION if peer == "sdpa" else SDPBackend.CUDNN_ATTENTION
             each(main_rows, "sdpa_flash" if peer == "sdpa" else "sdpa_cudnn",
-                 lambda r: None if r["grid"] == "mixed" else (r["grid"], no_hnd(r), r["head_size"]),
+                 lambda r: None if r["grid"] in ("mixed", "spec", "fp8out") else (r["grid"], no_hnd(r), r["head_size"]),
                  lambda r, b=backend: peer_row(r, b))
         elif peer == "flex":
             each(main_rows, "flex",
@@ -589,7 +595,8 @@ def main():
                 log(f"fa3: skipped ({short(e)})")
                 continue
             out["versions"]["fa3_fwd"] = fa3.version
-            each(main_rows, "fa3", lambda r: (r["grid"], no_hnd(r), r["head_size"], r["kv_cache_dtype"]),
+            each(main_rows, "fa3", lambda r: None if r["grid"] == "fp8out" else
+                 (r["grid"], no_hnd(r), r["head_size"], r["kv_cache_dtype"]),
                  lambda r: fa3.run(row_requests(r), r["num_heads"], r["num_kv_heads"], r["head_size"], r["head_size"],
                                    r["kv_cache_dtype"] != "auto", 1.0 / math.sqrt(r["head_size"]), r["kv_bytes"],
                                    r["flops"], r["ms"]))
@@ -609,7 +616,7 @@ def main():
             out["versions"]["flashinfer"] = fi.version + (" (decode: tensor cores)" if fi.decode_tc else "")
             kvdt = lambda r: FP8 if r["kv_cache_dtype"] != "auto" else BF16  # noqa: E731
             kind = lambda r: "decode" if r["grid"] == "decode" else "prefill"  # noqa: E731
-            use = lambda r: r["grid"] == "decode" or r["head_size"] in fi_prefill_ds  # noqa: E731
+            use = lambda r: r["grid"] != "fp8out" and (r["grid"] == "decode" or r["head_size"] in fi_prefill_ds)  # noqa: E731
             configs = {(kind(r), kvdt(r), r["head_size"]) for r, _ in main_rows if use(r)}
             if any(r["grid"] == "decode" and mla_shape(r) for r, _ in mla_rows):
                 configs.add(("mla", BF16, 0))

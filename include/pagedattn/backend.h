@@ -118,9 +118,10 @@ struct BuilderConfig {
   // max_num_batched_tokens, else make_builder throws naming it): a request of 2 to 1 + k query
   // tokens (the last sampled token plus k drafts to verify) is a decode. The standard builders
   // (CPU, CUDA, REFERENCE) then report reorder_batch_threshold() = 1 + k and plan such requests
-  // on their decode paths (CPU: split-KV and the direct decode kernel; CUDA: decode-path items of
-  // 16 rows); the rows attend causally among themselves. MLA builders keep 1: their absorbed
-  // decode takes one token per request, so a k-token request is a prefill there.
+  // as decodes (CPU: split-KV and the direct decode kernel; CUDA: the 16-row decode path while
+  // (1 + k) x GQA group <= 16, else one prefill-path item per kv head, which reads the keys once
+  // and measured faster); the rows attend causally among themselves. MLA builders keep 1: their
+  // absorbed decode takes one token per request, so a k-token request is a prefill there.
   int num_speculative_tokens = 0;
   // MLA groups only (spec.kind == mla): the layer dimensions and the activation dtype (the
   // builder owns the step's MLA workspaces), and the chunked-prefill workspace in tokens

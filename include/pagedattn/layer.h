@@ -60,6 +60,11 @@ struct AttentionLayerParams {
   //    bytes and waits for the stream once (the scales are host floats; vLLM's calc_kv_scales
   //    calls .item()): run it outside CUDA-graph capture. Every later forward is unchanged.
   bool calculate_kv_scales = false;
+  // The layer's forwards will be given output_scale (fused fp8 e4m3 output, vLLM's fusion of
+  // attention with a static per-tensor fp8 quantization): the selector then takes only a backend
+  // whose impl supports it (SelectorConfig::fp8_output; a forced backend without it is an Error).
+  // A layer without it may still pass output_scale to a backend that supports it.
+  bool fp8_output = false;
 };
 
 // vLLM's static forward context (compilation_config.static_forward_context): the attention layers

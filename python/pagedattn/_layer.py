@@ -65,6 +65,9 @@ class Attention(_C._Attention):
             (nothing written); so does ``kv_sharing_target_layer_name`` (at construction: the
             layer must use its target's scales). On CUDA the measuring forward waits for the
             stream once (vLLM's ``.item()``): run it outside CUDA-graph capture.
+        fp8_output: the layer's forwards will pass ``output_scale`` (fused fp8 e4m3 output,
+            ``output = attention / output_scale``): the selector takes only a backend that
+            supports it (CPU, CUDA, REFERENCE); a forced backend without it raises.
 
     Attributes:
         backend: the selected ``AttentionBackend`` (``.name``, ``.get_kv_cache_shape()``...).
@@ -109,6 +112,7 @@ class Attention(_C._Attention):
         attention_chunk_size: Optional[int] = None,
         static_forward_context: Optional[_C.StaticForwardContext] = None,
         calculate_kv_scales: bool = False,
+        fp8_output: bool = False,
     ) -> None:
         i32 = _tensors.int32_arg
         super().__init__(
@@ -133,6 +137,7 @@ class Attention(_C._Attention):
             else i32(attention_chunk_size, "attention_chunk_size"),
             static_forward_context,
             bool(calculate_kv_scales),
+            bool(fp8_output),
         )
 
     def allocate_kv_cache(self, num_blocks: int, framework: Optional[str] = None) -> Any:

@@ -124,7 +124,7 @@ void bind_layer(nb::module_& m) {
              std::optional<std::string> kv_sharing_target_layer_name, const std::string& prefix,
              nb::handle dtype, nb::handle device, std::optional<std::string> backend,
              std::optional<int> head_size_v, std::optional<int> attention_chunk_size,
-             StaticForwardContext* static_forward_context, bool calculate_kv_scales) {
+             StaticForwardContext* static_forward_context, bool calculate_kv_scales, bool fp8_output) {
             AttentionLayerParams p;
             p.num_heads = num_heads;
             p.head_size = head_size;
@@ -145,6 +145,7 @@ void bind_layer(nb::module_& m) {
             p.head_size_v = head_size_v.value_or(0);
             p.attention_chunk_size = attention_chunk_size;
             p.calculate_kv_scales = calculate_kv_scales;
+            p.fp8_output = fp8_output;
             new (self) Attention(std::move(p), static_forward_context);
           },
           "num_heads"_a, "head_size"_a, "scale"_a.none(), "num_kv_heads"_a.none(),
@@ -152,7 +153,7 @@ void bind_layer(nb::module_& m) {
           "attn_type"_a, "kv_cache_dtype"_a, "block_size"_a, "sinks"_a.none(),
           "kv_sharing_target_layer_name"_a.none(), "prefix"_a, "dtype"_a, "device"_a,
           "backend"_a.none(), "head_size_v"_a.none(), "attention_chunk_size"_a.none(),
-          "static_forward_context"_a.none(), "calculate_kv_scales"_a)
+          "static_forward_context"_a.none(), "calculate_kv_scales"_a, "fp8_output"_a)
       .def_prop_ro("backend", [](const Attention& a) { return PyBackend{&a.backend()}; },
                    "The AttentionBackend this layer runs on.")
       .def_prop_ro("kv_cache_spec", &Attention::kv_cache_spec,
@@ -195,8 +196,8 @@ void bind_layer(nb::module_& m) {
           "batch_invariant: plans whose output bits for a request do not depend on the rest of the "
           "batch (BuilderConfig::batch_invariant; env PAGEDATTN_BATCH_INVARIANT=1 turns it on for "
           "every builder). num_speculative_tokens (vLLM's speculative_config): k > 0 makes a "
-          "request of up to 1 + k tokens a decode (reorder_batch_threshold = 1 + k), planned on "
-          "the decode path.")
+          "request of up to 1 + k tokens a decode (reorder_batch_threshold = 1 + k), planned as one "
+          "(README: speculative decoding).")
       .def(
           "_forward",
           [](Attention& a, nb::handle query, nb::handle key, nb::handle value, nb::handle kv_cache,

@@ -250,6 +250,25 @@ def test_fp8_kv_cache(fw, rng, kv_cache_dtype):
     assert rel_err(fw.host(out), ref) <= FP8_TOLERANCE
 
 
+def test_fused_fp8_output(fw, rng):
+    # fp8_output=True: the selector takes a backend with fused fp8 output (CPU on the CPU, CUDA on
+    # a GPU); forward(output_scale=) writes e4m3 = saturate(attention / scale).
+    layer = make_layer(fw, "bfloat16", 8, 128, num_kv_heads=2, fp8_output=True)
+    assert layer.backend.name in ("CPU", "CUDA")
+    assert "fp8_output" in layer.backend.capabilities()["features"]
+    batch = make_batch(rng, [1, 1, 37, 3], [700, 30, 0, 200], 16, 2, 128)
+    cache = prepare_cache(fw, layer, batch, 128)
+    query = fw.array(rng.standard_normal((batch.num_tokens, 8, 128)), "bfloat16")
+    k, v = batch.new_kv()
+    key, value = fw.array(k, "bfloat16"), fw.array(v, "bfloat16")
+    scale = 1.0 / 64
+    out = layer.forward(query, key, value, cache, layer.metadata_builder().build(batch.common()),
+                        output_scale=fw.array([scale], "float32"))
+    assert "float8_e4m3" in str(out.dtype)
+    ref, _ = reference_forward(batch, fw.host(query), fw.host(cache), oracle_args(layer), 128)
+    assert rel_err(fw.host(out) * scale, ref) <= FP8_TOLERANCE
+
+
 def test_kv_sharing_layer_reads_the_target_cache(fw, rng):
     model = pagedattn.StaticForwardContext()
     first = make_layer(fw, "float32", 4, 32, num_kv_heads=2, prefix="layers.0.attn",

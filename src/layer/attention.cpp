@@ -168,7 +168,7 @@ SelectorConfig Attention::selector_config() const {
   c.use_alibi = !params_.alibi_slopes.empty();
   c.use_sliding_window = params_.sliding_window.has_value();
   c.use_logits_soft_cap = params_.logits_soft_cap.has_value();
-  c.fp8_output = false;
+  c.fp8_output = params_.fp8_output;
   return c;
 }
 

@@ -1,11 +1,8 @@
 // Speculative decoding in the builders (BuilderConfig::num_speculative_tokens), host only (runs in
 // every build): the standard builders' reorder_batch_threshold is 1 + k (0 without speculation),
-// the MLA builders' stays 1; make_builder checks k; the CUDA planner puts the rows of a k-token
-// decode on decode-path items of 16 rows (several per kv head when the rows are more than 16, up
-// to kSpecDecodeMaxRows), and its capacity bounds cover such plans.
+// the MLA builders' stays 1; make_builder checks k; the CUDA planner's items for k-token decodes.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <vector>
 
 #include "backends/cuda/attention/planner.h"
@@ -86,111 +83,38 @@ TEST(SpeculativeDecoding, MakeBuilderChecksTheNumberOfSpeculativeTokens) {
 
 // ---- the CUDA planner (pure host code) ----------------------------------------------------------
 
-cuda::PlannerConfig planner_config(int group_size, int spec_decode_query_len) {
+// A k-token decode is planned by its rows (planner.cpp): up to 16 rows per kv head one decode-path
+// item (a decode-only batch then runs the decode-only kernel), more one prefill-path item per kv
+// head, each reading the request's keys once, with the causal end of its last row.
+TEST(SpeculativeDecodingCudaPlan, RowsOfAKTokenDecodeDecideItsPath) {
   cuda::PlannerConfig c;
-  c.group_size = group_size;
+  c.group_size = 4;
   c.num_kv_heads = 2;
   c.prefill_rows = 128;
   c.resident_ctas = 1 << 12;
   c.decode_resident_ctas = 1 << 12;
   c.allow_split = false;
-  c.spec_decode_query_len = spec_decode_query_len;
   c.partial_rows_capacity = 1 << 20;
   c.max_work_items = 1 << 20;
   c.max_combine_items = 1 << 20;
-  return c;
-}
-
-struct Planned {
-  cuda::AttentionPlan plan;
-  std::vector<int32_t> query_start_loc;
-};
-
-Planned plan_of(const cuda::PlannerConfig& c, const std::vector<int32_t>& query_lens,
-                const std::vector<int32_t>& seq_lens) {
-  Planned p;
-  p.query_start_loc = {0};
-  for (int32_t q : query_lens) p.query_start_loc.push_back(p.query_start_loc.back() + q);
-  p.plan = cuda::make_attention_plan(c, p.query_start_loc, seq_lens);
-  return p;
-}
-
-TEST(SpeculativeDecodingCudaPlan, RowsOfAKTokenDecodeTakeSixteenRowDecodeItems) {
-  // GQA 4: a 4-token decode is 16 rows (one item per kv head, as any decode); an 8-token one is
-  // 32 rows: two decode-path items per kv head with a threshold of 8, one prefill item without.
-  const std::vector<int32_t> lens = {8, 4, 1};
-  const std::vector<int32_t> seqs = {3000, 2000, 1000};
-  for (int threshold : {0, 8}) {
-    const Planned p = plan_of(planner_config(4, threshold), lens, seqs);
-    std::vector<int> rows_covered(3 * 2 * 32, 0);  // (request, kv head, row)
-    for (const cuda::WorkItem& it : p.plan.items) {
+  for (const std::vector<int32_t>& lens : {std::vector<int32_t>{4, 2, 1}, std::vector<int32_t>{8, 4, 1}}) {
+    const std::vector<int32_t> seqs = {3000, 2000, 1000};
+    std::vector<int32_t> qsl = {0};
+    for (int32_t q : lens) qsl.push_back(qsl.back() + q);
+    const cuda::AttentionPlan plan = cuda::make_attention_plan(c, qsl, seqs);
+    ASSERT_EQ(plan.items.size(), 6u) << "one item per (request, kv head)";
+    bool all_decode = true;
+    for (const cuda::WorkItem& it : plan.items) {
+      const int q = lens[static_cast<size_t>(it.request)];
       const bool decode = (it.flags & cuda::kItemDecodePath) != 0;
-      if (it.request == 0) {
-        EXPECT_EQ(decode, threshold == 8) << "threshold " << threshold;
-        if (decode) EXPECT_EQ(it.num_rows, 16);
-      } else {
-        EXPECT_TRUE(decode) << "request " << it.request;
-      }
-      if (decode) EXPECT_LE(it.num_rows, cuda::kDecodeRows);
-      // Causal: the item's keys end after its last row's position.
-      const int last_token = (it.row_start + it.num_rows - 1) / 4;
-      EXPECT_EQ(it.kv_end, seqs[static_cast<size_t>(it.request)] - lens[static_cast<size_t>(it.request)] + last_token + 1);
-      for (int r = it.row_start; r < it.row_start + it.num_rows; ++r) {
-        ++rows_covered[static_cast<size_t>((it.request * 2 + it.kv_head) * 32 + r)];
-      }
+      EXPECT_EQ(decode, q * 4 <= cuda::kDecodeRows) << "query_len " << q;
+      EXPECT_EQ(it.row_start, 0);
+      EXPECT_EQ(it.num_rows, q * 4);
+      EXPECT_EQ(it.kv_start, 0);
+      EXPECT_EQ(it.kv_end, seqs[static_cast<size_t>(it.request)]) << "causal end of the last row";
+      all_decode = all_decode && decode;
     }
-    for (int r = 0; r < 3; ++r) {
-      for (int g = 0; g < 2; ++g) {
-        for (int row = 0; row < 32; ++row) {
-          const int expected = row < lens[static_cast<size_t>(r)] * 4 ? 1 : 0;
-          EXPECT_EQ(rows_covered[static_cast<size_t>((r * 2 + g) * 32 + row)], expected)
-              << "request " << r << " kv head " << g << " row " << row;
-        }
-      }
-    }
-    EXPECT_EQ(p.plan.decode_kernel, threshold == 8) << "a decode-only batch runs the decode-only kernel";
-  }
-}
-
-TEST(SpeculativeDecodingCudaPlan, BeyondTheRowCapOrTheThresholdIsAPrefill) {
-  // GQA 8 with a threshold of 16: 8 tokens are 64 rows (4 decode items), 9 tokens 72 rows
-  // (> kSpecDecodeMaxRows: prefill path), as is anything beyond the threshold.
-  const cuda::PlannerConfig c = planner_config(8, 16);
-  EXPECT_TRUE(cuda::decodes_on_decode_path(c, 8));
-  EXPECT_FALSE(cuda::decodes_on_decode_path(c, 9));
-  EXPECT_TRUE(cuda::decodes_on_decode_path(planner_config(8, 0), 2)) << "16 rows: always a decode";
-  EXPECT_FALSE(cuda::decodes_on_decode_path(planner_config(4, 4), 5)) << "20 rows past the threshold";
-  EXPECT_EQ(cuda::decode_items_per_request(c), 4);
-  EXPECT_EQ(cuda::decode_items_per_request(planner_config(4, 0)), 1);
-  const Planned p = plan_of(c, {8, 9}, {500, 500});
-  for (const cuda::WorkItem& it : p.plan.items) {
-    EXPECT_EQ((it.flags & cuda::kItemDecodePath) != 0, it.request == 0) << "request " << it.request;
-  }
-}
-
-// The workspace bounds (max_unsplit_work_items, fixed_split_capacity) hold for batches made of
-// speculative decodes only, the case that has the most items per token.
-TEST(SpeculativeDecodingCudaPlan, CapacityBoundsCoverSpeculativeBatches) {
-  for (int group : {1, 4, 8}) {
-    cuda::PlannerConfig c = planner_config(group, 8);
-    const int max_seqs = 16, max_tokens = 128;
-    std::vector<int32_t> lens, seqs;
-    int tokens = 0;
-    while (static_cast<int>(lens.size()) < max_seqs && tokens + 8 <= max_tokens) {
-      lens.push_back(8);
-      seqs.push_back(700);
-      tokens += 8;
-    }
-    const Planned p = plan_of(c, lens, seqs);
-    EXPECT_LE(static_cast<int64_t>(p.plan.items.size()), cuda::max_unsplit_work_items(c, max_seqs, max_tokens))
-        << "group " << group;
-    c.fixed_split_tiles = 2;  // 128-key chunks
-    c.decode_resident_ctas = 0;
-    const Planned fixed = plan_of(c, lens, seqs);
-    const cuda::FixedSplitCapacity cap = cuda::fixed_split_capacity(c, max_seqs, max_tokens, 700);
-    EXPECT_LE(static_cast<int64_t>(fixed.plan.items.size()), cap.work_items) << "group " << group;
-    EXPECT_LE(fixed.plan.partial_rows, cap.partial_rows) << "group " << group;
-    EXPECT_LE(static_cast<int64_t>(fixed.plan.combine.size()), cap.combine_items) << "group " << group;
+    EXPECT_EQ(plan.decode_kernel, all_decode);
   }
 }
 

@@ -113,6 +113,7 @@ void expect_rejected_forwards_leave_cache_untouched(const std::string& backend, 
   const Tensor out = random_tensor(Shape{6, 4, 64}, DType::bf16, device, rng);
   const bool fused_fp8 = layer.impl().fused_output_quant_supported(QuantKey{});
 
+  Tensor fp8_out(Shape{6, 4, 64}, DType::fp8_e4m3, device);
   const auto forward = [&](const Batch& b, std::optional<float> output_scale) {
     const OwnedCommonAttentionMetadata common = make_metadata(b, device);
     const auto plan = builder->build(0, common.common);
@@ -122,7 +123,6 @@ void expect_rejected_forwards_leave_cache_untouched(const std::string& backend, 
     }
     Tensor scale(Shape{1}, DType::f32, Device::cpu);
     scale.data_as<float>()[0] = *output_scale;
-    const Tensor fp8_out(Shape{6, 4, 64}, DType::fp8_e4m3, device);
     layer.forward(q, k, v, kv_cache, *plan, fp8_out, {}, scale.to(device));
   };
 
@@ -136,7 +136,18 @@ void expect_rejected_forwards_leave_cache_untouched(const std::string& backend, 
   if (fused_fp8) {
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (const float bad : {0.f, -1.f, nan, std::numeric_limits<float>::infinity()}) {
-      expect_rejected("output_scale", kv_cache, [&] { forward(valid_batch(), bad); });
+      if (device == Device::cpu) {
+        expect_rejected("output_scale", kv_cache, [&] { forward(valid_batch(), bad); });
+        continue;
+      }
+      // A device scale is read by the kernels (graph-safe, no host sync): an invalid one is not
+      // rejected but makes every output element NaN (e4m3 0x7F / 0xFF), never a finite value.
+      fp8_out.fill_bytes(0);
+      EXPECT_NO_THROW(forward(valid_batch(), bad));
+      const Tensor host = fp8_out.to(Device::cpu);
+      int64_t finite = 0;
+      for (int64_t i = 0; i < host.numel(); ++i) finite += (static_cast<const uint8_t*>(host.data())[i] & 0x7F) != 0x7F;
+      EXPECT_EQ(finite, 0) << backend << ": output_scale = " << bad << " left finite output elements";
     }
     EXPECT_NO_THROW(forward(valid_batch(), 0.5f)) << "fp8 output control";
   }

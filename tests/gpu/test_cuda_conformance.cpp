@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -465,6 +466,58 @@ TEST(CudaConformance, FastBuildAndDraftingMatchTheNormalBuild) {
   }
 }
 
+// Fused fp8 output (output_store.cuh): a layer that asks for it selects CUDA; the output equals the
+// REFERENCE's e4m3 output within the fp8 tolerance on a decode-only batch, a split-KV mixed batch
+// and a cascade batch; an output_scale that is not a positive finite number (0, -1, inf, NaN,
+// read on the device) makes every element NaN (e4m3 0x7F / 0xFF), never a finite wrong value.
+TEST(CudaFp8Output, MatchesReferenceAndAnInvalidScaleGivesNaN) {
+  PAGEDATTN_REQUIRE_GPU();
+  AttentionLayerParams lp;
+  lp.num_heads = 8;
+  lp.head_size = 128;
+  lp.num_kv_heads = 2;
+  lp.device = Device::cuda;
+  lp.fp8_output = true;
+  Attention layer(lp);
+  EXPECT_EQ(layer.backend().name(), "CUDA");
+  EXPECT_TRUE(layer.impl().fused_output_quant_supported(QuantKey{}));
+  ConformanceCase base;
+  base.dtype = DType::bf16;
+  base.head_size = 128;
+  base.num_heads = 8;
+  base.num_kv_heads = 2;
+  base.fp8_output = true;
+  base.return_lse = true;
+  std::vector<ConformanceCase> cases(3, base);
+  cases[0].batch = {{700, 1}, {1500, 1}, {64, 1}, {2100, 1}};  // decode-only, split
+  cases[1].batch = {{2000, 1}, {40, 100}, {300, 7}};           // mixed, the prefill path
+  cases[2] = shared_prefix_cascade_case();
+  cases[2].fp8_output = true;
+  for (const ConformanceCase& c : cases) {
+    SCOPED_TRACE(c.describe());
+    const conformance::CaseInputs inputs = conformance::make_inputs(c, 23);
+    conformance::PreparedRun run = conformance::prepare_run(cuda_backend(), Device::cuda, inputs);
+    conformance::execute(run);
+    const conformance::ConformanceResult r = conformance::compare(
+        inputs, conformance::collect(run), conformance::run_backend(conformance::reference(), Device::cpu, inputs));
+    EXPECT_TRUE(r.passed()) << r.describe();
+    for (float bad : {0.f, -1.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      Tensor scale(Shape{1}, DType::f32, Device::cpu);
+      scale.data_as<float>()[0] = bad;
+      run.output_scale = scale.to(Device::cuda);
+      run.output.fill_bytes(0);
+      conformance::execute(run);
+      const Tensor out = run.output.to(Device::cpu);
+      const auto* bytes = static_cast<const uint8_t*>(out.data());
+      int64_t not_nan = 0;
+      for (int64_t i = 0; i < static_cast<int64_t>(inputs.num_actual_tokens) * c.num_heads * 128; ++i) {
+        not_nan += (bytes[i] & 0x7F) != 0x7F ? 1 : 0;
+      }
+      EXPECT_EQ(not_nan, 0) << "output_scale = " << bad;
+    }
+  }
+}
+
 TEST(CudaConformance, HarnessGridMatchesReference) {
   PAGEDATTN_REQUIRE_GPU();
   if (small_grid()) GTEST_SKIP() << "PAGEDATTN_GPU_SMALL_GRID=1: the CUDA grid's sample only";
@@ -512,7 +565,12 @@ TEST(CudaConformance, ValidateConfigurationNamesWhatIsMissing) {
   EXPECT_NE(reasons_for([](SelectorConfig& c) { c.kv_cache_dtype = "float32"; }).find("kv_cache_dtype"),
             std::string::npos);
   EXPECT_NE(reasons_for([](SelectorConfig& c) { c.use_mla = true; }).find("use_mla"), std::string::npos);
-  EXPECT_NE(reasons_for([](SelectorConfig& c) { c.fp8_output = true; }).find("fp8_output"), std::string::npos);
+  EXPECT_EQ(reasons_for([](SelectorConfig& c) { c.fp8_output = true; }).find("fp8_output"), std::string::npos);
+  EXPECT_NE(reasons_for([](SelectorConfig& c) {
+              c.fp8_output = true;
+              c.head_size_v = 40;
+            }).find("fp8_output = true with head_size_v = 40"),
+            std::string::npos);
   EXPECT_NE(reasons_for([](SelectorConfig& c) { c.device = Device::cpu; }).find("device = cpu"), std::string::npos);
 }
 

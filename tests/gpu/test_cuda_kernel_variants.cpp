@@ -4,11 +4,13 @@
 // the PAGEDATTN_CUDA_KERNEL override (kernel_override.h), each on prefill-heavy batches with every
 // feature: causal chunks with context (ragged 64-row blocks), split-KV prefill items (partials),
 // sliding windows, ALiBi + soft-cap, sinks + LSE + padding, encoder (non-causal) and cross
-// attention, GQA groups 1..32, block sizes 16 / 64, both layouts, f16 and bf16. Every case draws
-// fresh random inputs and poisons the outputs (the harness).
+// attention, GQA groups 1..32, block sizes 16 / 64, both layouts, f16 and bf16, fused fp8 e4m3
+// output on every 4th case. Every case draws fresh random inputs and poisons the outputs (the
+// harness).
 // The decode-only kernel (head sizes <= 128) against the REFERENCE on decode batches with every
-// feature, under decode=decode (the decode-only kernel) and decode=unified (the paged attention
-// kernel), and which plans take it under auto; which kernel each builder stores in its plans.
+// feature (speculative decodes of up to 8 tokens, fused fp8 output), under decode=decode (the
+// decode-only kernel) and decode=unified (the paged attention kernel), and which plans take it
+// under auto; which kernel each builder stores in its plans.
 // PAGEDATTN_GPU_SMALL_GRID=1 runs every 4th case (the sanitizer runs of scripts/gpu-check).
 #include <gtest/gtest.h>
 
@@ -108,6 +110,7 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
             c.return_lse = true;
             break;
         }
+        c.fp8_output = index % 4 == 1;  // fused e4m3 output on every kernel path
         cases.push_back(c);
       }
     }
@@ -133,6 +136,18 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
   fp8.kv_cache_dtype = "fp8_e4m3";
   fp8.head_size = head_sizes[0];
   cases.push_back(fp8);
+  // Speculative decodes of 8 tokens at GQA 4 (32 rows: prefill-path items) beside shorter ones.
+  for (int d : head_sizes) {
+    ConformanceCase spec;
+    spec.dtype = DType::bf16;
+    spec.head_size = d;
+    spec.num_heads = 8;
+    spec.num_kv_heads = 2;
+    spec.num_speculative_tokens = 7;
+    spec.return_lse = true;
+    spec.batch = {{300, 8}, {77, 5}, {1500, 2}, {0, 8}, {1000, 1}};
+    cases.push_back(spec);
+  }
   if (small_grid()) {
     std::vector<ConformanceCase> small;
     for (size_t i = 0; i < cases.size(); i += 4) small.push_back(cases[i]);
@@ -331,6 +346,7 @@ std::vector<ConformanceCase> decode_cases() {
             c.head_size_v = d == 64 ? 32 : 64;
             break;
         }
+        c.fp8_output = index % 4 == 3;  // fused e4m3 output (decode path and split combine)
         cases.push_back(c);
         if (feature >= 1 && feature <= 3) {  // the same window / ALiBi + soft-cap / sinks over an fp8 cache
           c.kv_cache_dtype = index % 2 ? "fp8_e4m3" : "fp8_e5m2";
@@ -338,6 +354,24 @@ std::vector<ConformanceCase> decode_cases() {
           cases.push_back(c);
         }
       }
+    }
+  }
+  // Speculative decodes whose rows fit the decode path: up to 8 tokens at GQA 1 and 2, up to 4 at
+  // GQA 4 (num_speculative_tokens 7 / 3), a 16-bit and an fp8 cache, fp8 output once.
+  for (int d : {64, 128}) {
+    for (const char* kv : {"auto", "fp8_e4m3"}) {
+      ConformanceCase c;
+      c.dtype = DType::bf16;
+      c.head_size = d;
+      c.kv_cache_dtype = kv;
+      c.num_heads = d == 64 ? 4 : 8;
+      c.num_kv_heads = d == 64 ? 4 : 2;
+      c.num_speculative_tokens = d == 64 ? 7 : 3;
+      c.return_lse = true;
+      c.fp8_output = d == 128 && std::string(kv) == "auto";
+      c.batch = d == 64 ? std::vector<conformance::RequestShape>{{300, 8}, {77, 5}, {1500, 2}, {0, 4}, {1000, 1}, {64, 8}}
+                        : std::vector<conformance::RequestShape>{{300, 4}, {77, 3}, {1500, 2}, {0, 4}, {1000, 1}, {64, 4}};
+      cases.push_back(c);
     }
   }
   if (small_grid()) {

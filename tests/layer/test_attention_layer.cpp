@@ -158,6 +158,13 @@ TEST(AttentionLayer, SelectorConfigCarriesTheFeatures) {
   EXPECT_FALSE(c.use_mla);
   EXPECT_EQ(c.attn_type, AttentionType::decoder);
   EXPECT_EQ(c.device, Device::cpu);
+  EXPECT_FALSE(c.fp8_output);
+  // A layer that will pass output_scale asks the selector for fused fp8 output.
+  AttentionLayerParams q = valid_params();
+  q.fp8_output = true;
+  const Attention fp8_layer(q);
+  EXPECT_TRUE(fp8_layer.selector_config().fp8_output);
+  EXPECT_EQ(fp8_layer.backend().name(), "CPU");
 
   const BuilderConfig b = layer.builder_config(32, 2048, 4096);
   EXPECT_EQ(b.num_heads, 8);

@@ -83,9 +83,11 @@ struct AttentionKernelParams {
   // query (T, Hq, D):(q_token_stride, q_head_stride, 1)
   const void* query;
   int64_t q_token_stride, q_head_stride;
-  // output (T, Hq, D):(o_token_stride, o_head_stride, 1), activation dtype
+  // output (T, Hq, D):(o_token_stride, o_head_stride, 1), activation dtype, or fp8 e4m3 when
+  // output_scale is given: (1,) f32 on the device, output = o / output_scale[0] (output_store.cuh)
   void* output;
   int64_t o_token_stride, o_head_stride;
+  const float* output_scale;
   // output_lse (Hq, T):(lse_head_stride, lse_token_stride) f32 natural log; nullptr = none
   float* lse;
   int64_t lse_head_stride, lse_token_stride;
@@ -130,6 +132,7 @@ struct CombineKernelParams {
   const float* partial_lse;
   void* output;
   int64_t o_token_stride, o_head_stride;
+  const float* output_scale;   // as AttentionKernelParams::output_scale
   float* lse;
   int64_t lse_head_stride, lse_token_stride;
   int32_t group_size;

@@ -78,7 +78,13 @@ std::vector<std::string> unsupported_reasons(const SelectorConfig& config) {
   }
   if (config.use_mla) add("use_mla = true: the CUDA backend computes standard attention; MLA layers on cuda use CUDA_MLA.");
   if (config.use_sparse) add("use_sparse = true: the CUDA backend has no sparse attention.");
-  if (config.fp8_output) add("fp8_output = true: the CUDA backend has no fused fp8 output quantization.");
+  if (config.fp8_output) {
+    const int dv = config.head_size_v > 0 ? config.head_size_v : config.head_size;
+    if (dv % 16 != 0) {
+      add("fp8_output = true with head_size_v = ", dv,
+          ": fp8 e4m3 output rows move in 16-byte chunks, so head_size_v must be a multiple of 16.");
+    }
+  }
   if (config.attn_type == AttentionType::encoder_decoder && config.use_alibi) {
     add("use_alibi = true with attn_type = encoder_decoder: cross-attention has no positions for ALiBi.");
   }
@@ -122,7 +128,7 @@ class CudaBackend final : public AttentionBackend {
     caps.attn_types = {AttentionType::decoder, AttentionType::encoder, AttentionType::encoder_only,
                        AttentionType::encoder_decoder};
     caps.features = {"alibi", "sliding_window", "soft_cap", "sinks", "lse", "split_kv", "cudagraph",
-                     "cascade", "head_size_v", "batch_invariant"};
+                     "cascade", "head_size_v", "fp8_output", "batch_invariant"};
     return caps;
   }
 };

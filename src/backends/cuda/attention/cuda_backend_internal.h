@@ -141,10 +141,13 @@ class CudaAttentionImpl final : public AttentionImpl {
   AttentionKernelParams kernel_params(const LayerScales& scales, const TensorView& query, const TensorView& key,
                                       const TensorView& value, const TensorView& kv_cache,
                                       const AttentionMetadata& metadata, const TensorView& output,
-                                      const TensorView& output_lse) const;
+                                      const TensorView& output_scale, const TensorView& output_lse) const;
   bool can_return_lse_for_decode() const override { return true; }
   bool supports_quant_query_input() const override { return false; }
-  bool fused_output_quant_supported(const QuantKey&) const override { return false; }
+  // Fused fp8 e4m3 output (static per-tensor output_scale, output_store.cuh).
+  bool fused_output_quant_supported(const QuantKey& key) const override {
+    return key.kind == QuantKey::Kind::fp8_e4m3_per_tensor_static;
+  }
 
  private:
   const CudaAttentionMetadata& checked_metadata(const AttentionMetadata& metadata,

@@ -86,7 +86,6 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   planner_.group_size = config_.num_heads / config_.num_kv_heads;
   planner_.num_kv_heads = config_.num_kv_heads;
   planner_.prefill_rows = info.rows_prefill;
-  planner_.spec_decode_query_len = speculative_decode_threshold(config_);
   planner_.resident_ctas = resident_ctas_;
   planner_.positional = config_.attn_type != AttentionType::encoder_decoder;
   planner_.sliding_window = config_.sliding_window;

@@ -146,12 +146,17 @@ void CudaAttentionImpl::check_forward(const LayerScales& scales, const TensorVie
   const int head_size_v = params_.value_head_size();
   const int64_t num_tokens = md.num_actual_tokens;
   const bool cached = uses_kv_cache(params_.attn_type);
-  PAGEDATTN_CHECK(!output_scale.defined(), "output_scale",
-                  "CUDA forward: output_scale is given but the CUDA backend has no fused fp8 output "
-                  "quantization (fused_output_quant_supported() == false)");
   check_tensor(query, "query", params_.dtype, Shape{num_tokens, num_heads, head_size}, 1);
   check_vector_rows(query, "query", 2);
-  check_tensor(output, "output", params_.dtype, Shape{num_tokens, num_heads, head_size_v}, 1);
+  // Fused fp8 output: output is e4m3 = o / output_scale[0]; the scale is (1,) f32 on the device and
+  // read there (a value that is not positive and finite gives NaN rows: output_store.cuh).
+  const bool fp8_output = output_scale.defined();
+  if (fp8_output) {
+    check_tensor(output_scale, "output_scale", DType::f32, Shape{1}, 0);
+    PAGEDATTN_CHECK(head_size_v % 16 == 0, "output_scale", "CUDA forward: fp8 output with head_size_v = ",
+                    head_size_v, ": e4m3 output rows move in 16-byte chunks, so head_size_v must be a multiple of 16");
+  }
+  check_tensor(output, "output", fp8_output ? DType::fp8_e4m3 : params_.dtype, Shape{num_tokens, num_heads, head_size_v}, 1);
   check_vector_rows(output, "output", 2);
   if (output_lse.defined()) {
     check_defined(output_lse, "output_lse");
@@ -197,7 +202,8 @@ void CudaAttentionImpl::check_forward(const LayerScales& scales, const TensorVie
 AttentionKernelParams CudaAttentionImpl::kernel_params(const LayerScales& scales, const TensorView& query,
                                                      const TensorView& key, const TensorView& value,
                                                      const TensorView& kv_cache, const AttentionMetadata& metadata,
-                                                     const TensorView& output, const TensorView& output_lse) const {
+                                                     const TensorView& output, const TensorView& output_scale,
+                                                     const TensorView& output_lse) const {
   const auto& md = static_cast<const CudaAttentionMetadata&>(metadata);
   const int num_heads = params_.num_heads;
   const int num_kv_heads = params_.kv_heads();
@@ -245,6 +251,7 @@ AttentionKernelParams CudaAttentionImpl::kernel_params(const LayerScales& scales
   p.output = output.data();
   p.o_token_stride = output.stride(0);
   p.o_head_stride = output.stride(1);
+  p.output_scale = output_scale.defined() ? output_scale.data_as<const float>() : nullptr;
   p.lse = output_lse.defined() ? output_lse.data_as<float>() : nullptr;
   p.lse_head_stride = output_lse.defined() ? output_lse.stride(0) : 0;
   p.lse_token_stride = output_lse.defined() ? output_lse.stride(1) : 0;
@@ -291,7 +298,8 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
   const int head_size_v = params_.value_head_size();
   const bool cached = uses_kv_cache(params_.attn_type);
   const bool fp8 = is_fp8(cache_dtype_);
-  const AttentionKernelParams p = kernel_params(scales, query, key, value, kv_cache, metadata, output, output_lse);
+  const AttentionKernelParams p =
+      kernel_params(scales, query, key, value, kv_cache, metadata, output, output_scale, output_lse);
   if (md.num_actual_tokens == 0 || md.num_work_items == 0) {
     // Nothing to attend to (a captured graph would still have to launch: see below).
     void* stream = current_cuda_stream();
@@ -328,6 +336,7 @@ void CudaAttentionImpl::forward(const LayerScales& scales, const TensorView& que
     c.output = output.data();
     c.o_token_stride = output.stride(0);
     c.o_head_stride = output.stride(1);
+    c.output_scale = p.output_scale;
     c.lse = p.lse;
     c.lse_head_stride = p.lse_head_stride;
     c.lse_token_stride = p.lse_token_stride;

@@ -428,13 +428,11 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
         *reinterpret_cast<float4*>(dst + 4) =
             make_float4(acc[4] * out_scale, acc[5] * out_scale, acc[6] * out_scale, acc[7] * out_scale);
       } else {
-        uint4 packed;
-        packed.x = Mma<T>::pack(acc[0] * out_scale, acc[1] * out_scale);
-        packed.y = Mma<T>::pack(acc[2] * out_scale, acc[3] * out_scale);
-        packed.z = Mma<T>::pack(acc[4] * out_scale, acc[5] * out_scale);
-        packed.w = Mma<T>::pack(acc[6] * out_scale, acc[7] * out_scale);
-        T* dst = static_cast<T*>(p.output) + token * p.o_token_stride + head * p.o_head_stride + c * 8;
-        *reinterpret_cast<uint4*>(dst) = packed;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = acc[i] * out_scale;
+        store_output8<T>(p.output, token * p.o_token_stride + head * p.o_head_stride + c * 8, v,
+                         p.output_scale != nullptr, output_quant_factor(p.output_scale));
       }
     }
     if ((threadIdx.x & 7) == 0) {

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "backends/cuda/attention/attention_plan.h"
+#include "backends/cuda/attention/output_store.cuh"
 #include "backends/cuda/common/device_primitives.cuh"
 
 namespace pagedattn::cuda {

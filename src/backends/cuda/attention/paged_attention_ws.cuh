@@ -404,11 +404,12 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       }
       if (quad_col == 0) p.partial_lse[ctx.item.partial_row + r] = lse;
     } else {
-      T* dst = static_cast<T*>(p.output) + row_token(ctx, r) * p.o_token_stride + row_head(ctx, r) * p.o_head_stride +
-               2 * quad_col;
+      const int64_t dst = row_token(ctx, r) * p.o_token_stride + row_head(ctx, r) * p.o_head_stride + 2 * quad_col;
+      const bool fp8_out = p.output_scale != nullptr;
+      const float q = output_quant_factor(p.output_scale);
 #pragma unroll
       for (int d = 0; d < D / 8; ++d) {
-        *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale);
+        store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, fp8_out, q);
       }
       if (quad_col == 0 && p.lse != nullptr) {
         p.lse[row_head(ctx, r) * p.lse_head_stride + static_cast<int64_t>(row_token(ctx, r)) * p.lse_token_stride] =

@@ -369,13 +369,14 @@ __device__ void run_prefill_item_wgmma(const AttentionKernelParams& p, const Ite
   }
   if (!split) {
     __syncthreads();
+    const bool fp8_out = p.output_scale != nullptr;
+    const float q = output_quant_factor(p.output_scale);
     for (int idx = threadIdx.x; idx < W::kRows * W::kChunks; idx += kThreadsPerCta) {
       const int r = idx / W::kChunks;
       const int c = idx - r * W::kChunks;
       if (r < ctx.item.num_rows) {
-        T* dst = static_cast<T*>(p.output) + row_token(ctx, r) * p.o_token_stride + row_head(ctx, r) * p.o_head_stride +
-                 c * 8;
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(staged + r * Tr::kRowStride + c * 8);
+        store_output8_staged<T>(p.output, row_token(ctx, r) * p.o_token_stride + row_head(ctx, r) * p.o_head_stride + c * 8,
+                                staged + r * Tr::kRowStride + c * 8, fp8_out, q);
       }
     }
   }

@@ -1,9 +1,11 @@
 // Host planning of the CUDA backend (see planner.h). Pure C++: compiled in every build.
 //
 // Items: each request with query_len > 0 contributes, per kv head, either one decode-path item
-// (query_len * G <= 16 packed rows), ceil(rows / 16) decode-path items (a speculative decode:
-// query_len <= spec_decode_query_len and rows <= kSpecDecodeMaxRows), or ceil(rows /
-// prefill_rows) prefill-path items. Each item's
+// (query_len * G <= 16 packed rows) or ceil(rows / prefill_rows) prefill-path items. A speculative
+// decode (1 + k tokens, BuilderConfig::num_speculative_tokens) takes the decode path when its rows
+// fit 16 (k <= 3 at GQA 4), else one prefill-path item per kv head, which reads its keys once:
+// measured faster than cutting it into 16-row decode items that each read them (docs/perf/cuda.md,
+// speculative decodes). Each item's
 // key range is the union of its rows' visible keys (causal end at the last row's position + 1;
 // a sliding window trims the start).
 // Split-KV: when the items are fewer than the resident CTAs, long ranges are cut into chunks of
@@ -64,25 +66,10 @@ KeyRange visible_key_range(const PlannerConfig& config, int query_len, int seq_l
   return r;
 }
 
-bool decodes_on_decode_path(const PlannerConfig& config, int query_len) {
-  const int64_t rows = int64_t{query_len} * config.group_size;
-  return rows <= kDecodeRows ||
-         (query_len <= config.spec_decode_query_len && rows <= kSpecDecodeMaxRows);
-}
-
-int decode_items_per_request(const PlannerConfig& config) {
-  const int64_t rows = std::min<int64_t>(int64_t{std::max(config.spec_decode_query_len, 1)} * config.group_size,
-                                         kSpecDecodeMaxRows);
-  return static_cast<int>(std::max<int64_t>(1, (rows + kDecodeRows - 1) / kDecodeRows));
-}
-
 int64_t max_unsplit_work_items(const PlannerConfig& config, int64_t max_num_seqs,
                                int64_t max_num_batched_tokens) {
-  // Each request: ceil(rows / tile) <= 1 + rows / tile items per kv head, with tile = 16 rows for
-  // the decode-path items of a speculative decode.
   const int64_t rows = max_num_batched_tokens * config.group_size;
-  const int64_t tile = decode_items_per_request(config) > 1 ? kDecodeRows : config.prefill_rows;
-  return config.num_kv_heads * (max_num_seqs + (rows + tile - 1) / tile);
+  return config.num_kv_heads * (max_num_seqs + (rows + config.prefill_rows - 1) / config.prefill_rows);
 }
 
 int64_t max_prefix_work_items(const PlannerConfig& config, int64_t max_num_batched_tokens) {
@@ -96,12 +83,9 @@ FixedSplitCapacity fixed_split_capacity(const PlannerConfig& config, int64_t max
   if (config.fixed_split_tiles <= 0) return cap;
   const int64_t tiles = (max_model_len + kKeysPerTile - 1) / kKeysPerTile + 1;  // + a misaligned start
   const int64_t splits = (tiles + config.fixed_split_tiles - 1) / config.fixed_split_tiles;
-  // Decode-path items: decode_items_per_request per (request, kv head) (one but for speculative
-  // decodes), their rows <= 16 each and <= the batch's rows in all.
-  const int64_t per_request = decode_items_per_request(config);
-  const int64_t items = config.num_kv_heads * std::min(max_num_seqs * per_request,
-                                                       max_num_batched_tokens * config.group_size);
-  const int64_t rows = config.num_kv_heads * std::min(max_num_seqs * per_request * kDecodeRows,
+  // Decode-path items: one per (request, kv head), their rows <= 16 and <= the batch's rows.
+  const int64_t items = config.num_kv_heads * std::min(max_num_seqs, max_num_batched_tokens);
+  const int64_t rows = config.num_kv_heads * std::min(max_num_seqs * kDecodeRows,
                                                       max_num_batched_tokens * config.group_size);
   cap.partial_rows = splits > 1 ? splits * rows : 0;
   cap.work_items = max_unsplit_work_items(config, max_num_seqs, max_num_batched_tokens) + items * (splits - 1);
@@ -212,7 +196,8 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
   // 1. Unsplit items: each request's rows in tiles (under cascade its keys from P on), then
   //    (cascade) the prefix items over every row of the batch.
   std::vector<WorkItem> base;
-  const auto add_tiles = [&](const WorkItem& proto, int rows, bool decode, const auto& range_of) {
+  const auto add_tiles = [&](const WorkItem& proto, int rows, const auto& range_of) {
+    const bool decode = rows <= kDecodeRows;
     const int tile_rows = decode ? kDecodeRows : config.prefill_rows;
     for (int row0 = 0; row0 < rows; row0 += tile_rows) {
       const int n = std::min(tile_rows, rows - row0);
@@ -239,7 +224,7 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
     proto.query_len = q;
     proto.seq_len = seq_lens[r];
     proto.flags = kItemOwnsSink;
-    add_tiles(proto, q * G, decodes_on_decode_path(config, q), [&](int t0, int t1) {
+    add_tiles(proto, q * G, [&](int t0, int t1) {
       KeyRange range = visible_key_range(config, q, seq_lens[r], t0, t1);
       if (cascade) {
         range.start = std::max(range.start, cascade_prefix);
@@ -259,7 +244,7 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
     proto.query_len = num_tokens;
     proto.seq_len = cascade_prefix + num_tokens;
     proto.flags = 0;    // the sink belongs to the suffix
-    add_tiles(proto, num_tokens * G, num_tokens * G <= kDecodeRows, [&](int, int) { return KeyRange{0, cascade_prefix}; });
+    add_tiles(proto, num_tokens * G, [&](int, int) { return KeyRange{0, cascade_prefix}; });
   }
   const bool has_prefix = base.size() > num_suffix;
 

@@ -24,18 +24,10 @@ inline constexpr int kCascadeMaxTokens = 2048;
 // large batches; small batches lose the fill-the-device splits (docs/batch_invariance.md).
 inline constexpr int kBatchInvariantSplitKeys = 2048;
 
-// Rows of a speculative decode that still take decode-path items (4 items of 16 rows per kv head).
-inline constexpr int kSpecDecodeMaxRows = 64;
-
 struct PlannerConfig {
   int group_size = 1;            // num_heads / num_kv_heads
   int num_kv_heads = 1;
   int prefill_rows = 128;        // rows of a prefill-path item (prefill_rows_for_head_size)
-  // > 0 (1 + BuilderConfig::num_speculative_tokens): a request of at most this many query tokens
-  // is a (speculative) decode: its rows take decode-path items of 16 rows each even when they
-  // are more than 16, up to kSpecDecodeMaxRows (each item re-reads the request's keys; beyond
-  // that the prefill path's one read wins).
-  int spec_decode_query_len = 0;
   int resident_ctas = 1;         // CTAs of the kernel resident at once on the device
   int decode_resident_ctas = 0;  // those of the decode-only kernel; 0: plans never use it
   bool force_decode_kernel = false;  // decode batches take it even when their chunks are short
@@ -86,11 +78,6 @@ KeyRange visible_key_range(const PlannerConfig& config, int query_len, int seq_l
 // is merged by a combine item (attention_plan.h).
 AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const int32_t> query_start_loc,
                                   std::span<const int32_t> seq_lens, int cascade_prefix = 0);
-
-// Whether a request of query_len tokens takes decode-path items (see spec_decode_query_len).
-bool decodes_on_decode_path(const PlannerConfig& config, int query_len);
-// Decode-path items of one request per kv head at most: 1, more for speculative decodes.
-int decode_items_per_request(const PlannerConfig& config);
 
 // Upper bound of work items for a batch of at most max_num_seqs requests and
 // max_num_batched_tokens tokens (without splits; splits add at most 2 * resident_ctas).

@@ -203,14 +203,15 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
   if (!split) {
     __syncwarp();
     const int out_chunks = p.head_size_v / 8;
+    const bool fp8_out = p.output_scale != nullptr;
+    const float q = output_quant_factor(p.output_scale);
     for (int idx = lane; idx < 16 * MT * Tr::kChunks; idx += 32) {
       const int rr = idx / Tr::kChunks;
       const int c = idx - rr * Tr::kChunks;
       const int r = warp_row0 + rr;
       if (r < ctx.item.num_rows && c < out_chunks) {
-        T* dst = static_cast<T*>(p.output) + row_token(ctx, r) * p.o_token_stride +
-                 row_head(ctx, r) * p.o_head_stride + c * 8;
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(q_smem + r * Tr::kRowStride + c * 8);
+        store_output8_staged<T>(p.output, row_token(ctx, r) * p.o_token_stride + row_head(ctx, r) * p.o_head_stride + c * 8,
+                                q_smem + r * Tr::kRowStride + c * 8, fp8_out, q);
       }
     }
   }

@@ -22,6 +22,7 @@
 
 #include "backends/cuda/attention/attention_plan.h"
 #include "backends/cuda/attention/kernel_launch.h"
+#include "backends/cuda/attention/output_store.cuh"
 #include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
 #include "ops/cuda_ops.h"
@@ -81,7 +82,9 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const CombineKernel
       const int m = it.row_start + r;
       const int token = it.query_start + m / p.group_size;
       const int head = it.kv_head * p.group_size + m % p.group_size;
-      T* out = static_cast<T*>(p.output) + token * p.o_token_stride + head * p.o_head_stride;
+      const int64_t out = token * p.o_token_stride + head * p.o_head_stride;
+      const bool fp8_out = p.output_scale != nullptr;
+      const float q = output_quant_factor(p.output_scale);
       for (int c = lane * 4; c < p.head_size; c += 128) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int s = 0; s < num_states; ++s) {
@@ -92,10 +95,7 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const CombineKernel
           acc.z += w * v.z;
           acc.w += w * v.w;
         }
-        out[c] = from_f32<T>(acc.x * inv);
-        out[c + 1] = from_f32<T>(acc.y * inv);
-        out[c + 2] = from_f32<T>(acc.z * inv);
-        out[c + 3] = from_f32<T>(acc.w * inv);
+        store_output4<T>(p.output, out + c, make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv), fp8_out, q);
       }
       if (lane == 0 && p.lse != nullptr) {
         p.lse[head * p.lse_head_stride + static_cast<int64_t>(token) * p.lse_token_stride] =
