@@ -4,6 +4,7 @@
 #include "pagedattn/attention_type.h"
 #include "pagedattn/backend.h"
 #include "pagedattn/batch_invariance.h"
+#include "pagedattn/dcp.h"
 #include "pagedattn/device.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/error.h"

@@ -1,0 +1,104 @@
+// Decode context parallelism (DCP, vLLM's dcp_world_size / dcp_rank / cp_kv_cache_interleave_size):
+// a request's KV cache is striped over a group of N ranks, so a context N times longer fits, and
+// N GPUs read it at once.
+//
+// Layout (as vLLM): token t lives on rank (t / I) % N (I = interleave), at position
+//   local(t) = (t / (I N)) I + t % I
+// of that rank's sequence, so each rank's share of a request is a dense sequence of its own. The
+// block table is the same on every rank: entry b covers the global tokens [b B N, (b + 1) B N)
+// ("virtual blocks" of B N tokens, B = the cache's block size) and names, in every rank's own
+// cache, the physical block holding that rank's B tokens of them. B must be a multiple of I.
+//
+// A step on rank r (make_dcp_local_step): every query row p attends the keys of [0, p] that r
+// holds, i.e. its first dcp_local_seq_len(p + 1) local keys, causally -- one local request per
+// run of rows whose tokens r holds (each adds exactly one local key, so the local causal positions
+// hold and the run's new tokens are the request's last keys, as an MLA prefill expects), one
+// single-row request per row held elsewhere, a row with no local key left out. The new tokens' keys / values are written on their owner only (slot -1 elsewhere).
+// Each rank computes its rows' output and LSE over its keys; dcp_combine all-gathers (output,
+// LSE) over the group and merges them by LSE (merge_attn_states_n), so every rank ends with the
+// full attention. Decodes are one local request each; prefill rows become as many requests as
+// runs of owned tokens (exact, but each reads its keys again: the efficient DCP prefill, an
+// all-gather of the context KV, is not built).
+// Not with ALiBi, sliding windows, chunked local attention or sinks (positions and the sink term
+// would be wrong on the local sequence): dcp_forward rejects them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "pagedattn/metadata.h"
+#include "pagedattn/tensor.h"
+
+namespace pagedattn {
+
+class Attention;
+class MLAAttention;
+class AttentionMetadataBuilder;
+
+struct DcpConfig {
+  int world_size = 1;  // N >= 1
+  int rank = 0;        // [0, N)
+  int interleave = 1;  // I >= 1, divides the cache's block size
+  // Error naming the field ("dcp.world_size", "dcp.rank", "dcp.interleave").
+  void validate(int block_size) const;
+};
+
+// The rank holding global token t, and t's position in that rank's sequence.
+int dcp_owner(int64_t token, const DcpConfig& config);
+int64_t dcp_local_position(int64_t token, const DcpConfig& config);
+// Tokens of [0, seq_len) held by config.rank (vLLM get_dcp_local_seq_lens).
+int32_t dcp_local_seq_len(int64_t seq_len, const DcpConfig& config);
+std::vector<int32_t> get_dcp_local_seq_lens(std::span<const int32_t> seq_lens, const DcpConfig& config);
+
+// config.rank's share of a global step. global: query_start_loc, seq_lens, block_table (virtual
+// blocks, see above), causal (must be true); its slot_mapping is ignored (derived per rank).
+struct DcpLocalStep {
+  CommonAttentionMetadataArgs args;  // the rank's step (its own slot_mapping, -1 for tokens it does not hold)
+  std::vector<int32_t> rows;         // local token i is global token rows[i] (query / key / value row)
+};
+DcpLocalStep make_dcp_local_step(const CommonAttentionMetadataArgs& global, const DcpConfig& config,
+                                 int block_size);
+
+// out = sum_r e^{lse_r - lse} outs[r], lse = log sum_r e^{lse_r}: N partial results of the same
+// rows merged by their LSEs (natural log; -inf = no key; a row with none anywhere: 0, -inf).
+// outs[r]: (T, H, D) activations; lses[r]: (H, T) f32; host tensors. out_lse optional.
+void merge_attn_states_n(std::span<const TensorView> outs, std::span<const TensorView> lses,
+                         const TensorView& out, const TensorView& out_lse = {});
+
+// The group's communication. all_gather: every rank's `send` (same shape and dtype on every rank)
+// into `recv` (N, *send.shape), in rank order; every rank calls it, in the same order.
+class DcpCommunicator {
+ public:
+  virtual ~DcpCommunicator() = default;
+  virtual int world_size() const = 0;
+  virtual int rank() const = 0;
+  virtual void all_gather(const TensorView& send, const TensorView& recv) = 0;
+};
+
+// N ranks in one process (one thread each, host tensors): the communicators of one group. The
+// emulation CI runs DCP on.
+std::vector<std::unique_ptr<DcpCommunicator>> make_in_memory_dcp_group(int world_size);
+
+// One rank's combine: all-gathers (local_out (T, H, Dv), local_lse (H, T) f32) and merges them
+// into out (T, H, Dv) and, when given, lse (H, T).
+void dcp_combine(DcpCommunicator& comm, const TensorView& local_out, const TensorView& local_lse,
+                 const TensorView& out, const TensorView& lse = {});
+
+// A layer's forward on this rank of a DCP group (host tensors): the rank's local step of `global`,
+// planned by `builder` (the rank's builder of the layer's group; max_num_seqs must hold the local
+// requests), the step's new keys / values written where this rank holds them, attention over its
+// keys, then dcp_combine: out (and lse) hold the full attention of every row on every rank.
+// query / key / value / out: the global step's rows (num_actual_tokens of `global`).
+void dcp_forward(Attention& layer, AttentionMetadataBuilder& builder, DcpCommunicator& comm,
+                 const DcpConfig& config, const CommonAttentionMetadataArgs& global,
+                 const TensorView& query, const TensorView& key, const TensorView& value,
+                 const TensorView& kv_cache, const TensorView& out, const TensorView& lse = {});
+// The same for an MLA layer (q (T, H, Dqk), kv_c_normed (T, L), k_pe (T, R); out (T, H, V)).
+void dcp_forward(MLAAttention& layer, AttentionMetadataBuilder& builder, DcpCommunicator& comm,
+                 const DcpConfig& config, const CommonAttentionMetadataArgs& global,
+                 const TensorView& q, const TensorView& kv_c_normed, const TensorView& k_pe,
+                 const TensorView& kv_cache, const TensorView& out, const TensorView& lse = {});
+
+}  // namespace pagedattn

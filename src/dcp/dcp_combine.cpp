@@ -1,0 +1,312 @@
+// Decode context parallelism: the N-way LSE merge, the in-memory group (one process, one thread per
+// rank) and the per-rank forward drivers (pagedattn/dcp.h). Host tensors only.
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <numeric>
+#include <vector>
+
+#include "pagedattn/backend.h"
+#include "pagedattn/dcp.h"
+#include "pagedattn/error.h"
+#include "pagedattn/layer.h"
+#include "pagedattn/mla.h"
+
+namespace pagedattn {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void check_host(const TensorView& t, const char* argument, const char* who) {
+  PAGEDATTN_CHECK(t.defined() && t.device() == Device::cpu, argument, who, ": ", argument, " (", t.describe(),
+                  ") must be a host tensor (DCP runs on host tensors; the NCCL path is not built)");
+}
+
+// Offset in elements of element (i, j, k) of a rank-2 or rank-3 view (k ignored for rank 2).
+int64_t offset3(const TensorView& t, int64_t i, int64_t j, int64_t k) {
+  int64_t o = i * t.stride(0) + j * t.stride(1);
+  if (t.ndim() == 3) o += k * t.stride(2);
+  return o;
+}
+
+// A contiguous copy of rows `rows` of a rank-2 or rank-3 host view.
+Tensor gather_rows(const TensorView& src, std::span<const int32_t> rows) {
+  Shape shape = src.shape();
+  shape[0] = static_cast<int64_t>(rows.size());
+  Tensor dst(shape, src.dtype(), Device::cpu);
+  const size_t es = src.element_size();
+  const int64_t a = src.size(1), b = src.ndim() == 3 ? src.size(2) : 1;
+  auto* out = static_cast<uint8_t*>(dst.data());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int64_t j = 0; j < a; ++j) {
+      for (int64_t k = 0; k < b; ++k) {
+        std::memcpy(out, static_cast<const uint8_t*>(src.data()) + offset3(src, rows[i], j, k) * static_cast<int64_t>(es), es);
+        out += es;
+      }
+    }
+  }
+  return dst;
+}
+
+// An in-memory group: all_gather through a shared table of the ranks' send views and a generation
+// barrier (everyone published -> everyone copies -> everyone done, so a send outlives the copies).
+struct InMemoryGroupState {
+  explicit InMemoryGroupState(int n) : world(n), sends(static_cast<size_t>(n)) {}
+  int world;
+  std::vector<TensorView> sends;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+
+  void barrier() {
+    std::unique_lock lock(mu);
+    const uint64_t gen = generation;
+    if (++arrived == world) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    cv.wait(lock, [&] { return generation != gen; });
+  }
+};
+
+class InMemoryCommunicator final : public DcpCommunicator {
+ public:
+  InMemoryCommunicator(std::shared_ptr<InMemoryGroupState> state, int rank) : state_(std::move(state)), rank_(rank) {}
+  int world_size() const override { return state_->world; }
+  int rank() const override { return rank_; }
+
+  void all_gather(const TensorView& send, const TensorView& recv) override {
+    constexpr const char* kWho = "DCP all_gather";
+    check_host(send, "send", kWho);
+    check_host(recv, "recv", kWho);
+    PAGEDATTN_CHECK(send.is_contiguous() && recv.is_contiguous(), "send", kWho,
+                    ": send and recv must be contiguous");
+    Shape want;
+    want.push_back(state_->world);
+    for (int64_t d : send.shape()) want.push_back(d);
+    PAGEDATTN_CHECK(recv.shape() == want && recv.dtype() == send.dtype(), "recv", kWho, ": recv is ",
+                    recv.describe(), ", expected ", want.str(), " of ", dtype_name(send.dtype()));
+    state_->sends[static_cast<size_t>(rank_)] = send;
+    state_->barrier();
+    const size_t bytes = static_cast<size_t>(send.numel()) * send.element_size();
+    for (int r = 0; r < state_->world; ++r) {
+      const TensorView& s = state_->sends[static_cast<size_t>(r)];
+      PAGEDATTN_CHECK(s.shape() == send.shape() && s.dtype() == send.dtype(), "send", kWho, ": rank ", r,
+                      " sent ", s.describe(), " but rank ", rank_, " ", send.describe(), ": every rank sends the same shape");
+      std::memcpy(static_cast<uint8_t*>(recv.data()) + static_cast<size_t>(r) * bytes, s.data(), bytes);
+    }
+    state_->barrier();
+  }
+
+ private:
+  std::shared_ptr<InMemoryGroupState> state_;
+  int rank_;
+};
+
+void check_dcp_layer(const DcpConfig& config, DcpCommunicator& comm, int block_size, const char* who) {
+  config.validate(block_size);
+  PAGEDATTN_CHECK(config.world_size == comm.world_size() && config.rank == comm.rank(), "dcp", who,
+                  ": config (world_size ", config.world_size, ", rank ", config.rank,
+                  ") does not match the communicator's (", comm.world_size(), ", ", comm.rank(), ")");
+}
+
+// This rank's share of a step: the local step, reordered as the builder asks (MLA: decodes first).
+DcpLocalStep local_step_for(AttentionMetadataBuilder& builder, const CommonAttentionMetadataArgs& global,
+                            const DcpConfig& config, int block_size) {
+  DcpLocalStep step = make_dcp_local_step(global, config, block_size);
+  const CommonAttentionMetadataArgs& a = step.args;
+  const size_t n = a.seq_lens.size();
+  std::vector<int32_t> lens(n);
+  for (size_t i = 0; i < n; ++i) lens[i] = a.query_start_loc[i + 1] - a.query_start_loc[i];
+  const std::optional<BatchReorder> reorder = builder.reorder_batch(lens);
+  if (!reorder) return step;
+  DcpLocalStep out;
+  CommonAttentionMetadataArgs& b = out.args;
+  b.query_start_loc = {0};
+  b.max_num_blocks_per_req = a.max_num_blocks_per_req;
+  b.causal = a.causal;
+  const size_t cols = static_cast<size_t>(a.max_num_blocks_per_req);
+  for (int i : reorder->order) {
+    const auto req = static_cast<size_t>(i);
+    b.seq_lens.push_back(a.seq_lens[req]);
+    b.block_table.insert(b.block_table.end(), a.block_table.begin() + static_cast<int64_t>(req * cols),
+                         a.block_table.begin() + static_cast<int64_t>((req + 1) * cols));
+    for (int32_t t = a.query_start_loc[req]; t < a.query_start_loc[req + 1]; ++t) {
+      out.rows.push_back(step.rows[static_cast<size_t>(t)]);
+      b.slot_mapping.push_back(a.slot_mapping[static_cast<size_t>(t)]);
+    }
+    b.query_start_loc.push_back(b.query_start_loc.back() + lens[req]);
+  }
+  return out;
+}
+
+// The local result scattered to the step's rows (rows without a local key: 0, LSE -inf), then the
+// group's combine into out / lse.
+void scatter_and_combine(DcpCommunicator& comm, const DcpLocalStep& step, const Tensor& local_out,
+                         const Tensor& local_lse, const TensorView& out, const TensorView& lse) {
+  const int64_t t = out.size(0), h = out.size(1), d = out.size(2);
+  Tensor full_out(Shape{t, h, d}, out.dtype(), Device::cpu);
+  full_out.fill_bytes(0);
+  Tensor full_lse(Shape{h, t}, DType::f32, Device::cpu);
+  std::fill_n(full_lse.data_as<float>(), h * t, kNegInf);
+  const size_t row_bytes = static_cast<size_t>(h * d) * dtype_size(out.dtype());
+  for (size_t i = 0; i < step.rows.size(); ++i) {
+    const int64_t row = step.rows[i];
+    std::memcpy(static_cast<uint8_t*>(full_out.data()) + static_cast<size_t>(row) * row_bytes,
+                static_cast<const uint8_t*>(local_out.data()) + i * row_bytes, row_bytes);
+    for (int64_t j = 0; j < h; ++j) {
+      full_lse.data_as<float>()[j * t + row] = local_lse.data_as<const float>()[j * static_cast<int64_t>(step.rows.size()) + static_cast<int64_t>(i)];
+    }
+  }
+  dcp_combine(comm, full_out, full_lse, out, lse);
+}
+
+}  // namespace
+
+void merge_attn_states_n(std::span<const TensorView> outs, std::span<const TensorView> lses, const TensorView& out,
+                         const TensorView& out_lse) {
+  constexpr const char* kWho = "merge_attn_states_n";
+  PAGEDATTN_CHECK(!outs.empty() && outs.size() == lses.size(), "outs", kWho, ": ", outs.size(), " outputs and ",
+                  lses.size(), " LSEs: expected the same number, at least one");
+  check_host(out, "out", kWho);
+  PAGEDATTN_CHECK(out.ndim() == 3, "out", kWho, ": out is ", out.describe(), ", expected (T, H, D)");
+  const int64_t t = out.size(0), h = out.size(1), d = out.size(2);
+  for (size_t r = 0; r < outs.size(); ++r) {
+    check_host(outs[r], "outs", kWho);
+    check_host(lses[r], "lses", kWho);
+    PAGEDATTN_CHECK(outs[r].shape() == out.shape() && outs[r].dtype() == out.dtype(), "outs", kWho, ": outs[", r,
+                    "] is ", outs[r].describe(), ", expected the shape and dtype of out ", out.describe());
+    PAGEDATTN_CHECK(lses[r].ndim() == 2 && lses[r].size(0) == h && lses[r].size(1) >= t && lses[r].dtype() == DType::f32,
+                    "lses", kWho, ": lses[", r, "] is ", lses[r].describe(), ", expected float32 (", h, ", >= ", t, ")");
+  }
+  if (out_lse.defined()) {
+    check_host(out_lse, "out_lse", kWho);
+    PAGEDATTN_CHECK(out_lse.ndim() == 2 && out_lse.size(0) == h && out_lse.size(1) >= t && out_lse.dtype() == DType::f32,
+                    "out_lse", kWho, ": out_lse is ", out_lse.describe(), ", expected float32 (", h, ", >= ", t, ")");
+  }
+  const size_t n = outs.size();
+  std::vector<float> weight(n);
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = 0; j < h; ++j) {
+      float m = kNegInf;
+      for (size_t r = 0; r < n; ++r) {
+        const float l = lses[r].data_as<const float>()[j * lses[r].stride(0) + i * lses[r].stride(1)];
+        if (l > m && l != std::numeric_limits<float>::infinity()) m = l;
+      }
+      float sum = 0.f;
+      for (size_t r = 0; r < n; ++r) {
+        const float l = lses[r].data_as<const float>()[j * lses[r].stride(0) + i * lses[r].stride(1)];
+        weight[r] = m == kNegInf || !(l > kNegInf) || l == std::numeric_limits<float>::infinity() ? 0.f : std::exp(l - m);
+        sum += weight[r];
+      }
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      for (int64_t k = 0; k < d; ++k) {
+        float acc = 0.f;
+        for (size_t r = 0; r < n; ++r) {
+          if (weight[r] != 0.f) acc += weight[r] * load_f32(outs[r].data(), outs[r].dtype(), offset3(outs[r], i, j, k));
+        }
+        store_f32(out.data(), out.dtype(), offset3(out, i, j, k), acc * inv);
+      }
+      if (out_lse.defined()) {
+        out_lse.data_as<float>()[j * out_lse.stride(0) + i * out_lse.stride(1)] = sum > 0.f ? m + std::log(sum) : kNegInf;
+      }
+    }
+  }
+}
+
+std::vector<std::unique_ptr<DcpCommunicator>> make_in_memory_dcp_group(int world_size) {
+  PAGEDATTN_CHECK(world_size >= 1, "world_size", "make_in_memory_dcp_group: world_size = ", world_size,
+                  " must be >= 1");
+  auto state = std::make_shared<InMemoryGroupState>(world_size);
+  std::vector<std::unique_ptr<DcpCommunicator>> group;
+  for (int r = 0; r < world_size; ++r) group.push_back(std::make_unique<InMemoryCommunicator>(state, r));
+  return group;
+}
+
+void dcp_combine(DcpCommunicator& comm, const TensorView& local_out, const TensorView& local_lse,
+                 const TensorView& out, const TensorView& lse) {
+  constexpr const char* kWho = "dcp_combine";
+  check_host(local_out, "local_out", kWho);
+  check_host(local_lse, "local_lse", kWho);
+  PAGEDATTN_CHECK(local_out.ndim() == 3 && local_out.is_contiguous(), "local_out", kWho, ": local_out is ",
+                  local_out.describe(), ", expected a contiguous (T, H, D)");
+  PAGEDATTN_CHECK(local_lse.ndim() == 2 && local_lse.is_contiguous() && local_lse.dtype() == DType::f32 &&
+                      local_lse.size(0) == local_out.size(1) && local_lse.size(1) == local_out.size(0),
+                  "local_lse", kWho, ": local_lse is ", local_lse.describe(), ", expected a contiguous float32 (",
+                  local_out.size(1), ", ", local_out.size(0), ")");
+  const int n = comm.world_size();
+  Shape out_shape{n, local_out.size(0), local_out.size(1), local_out.size(2)};
+  Tensor outs(out_shape, local_out.dtype(), Device::cpu);
+  Tensor lses(Shape{n, local_lse.size(0), local_lse.size(1)}, DType::f32, Device::cpu);
+  comm.all_gather(local_out, outs);
+  comm.all_gather(local_lse, lses);
+  std::vector<TensorView> out_views, lse_views;
+  for (int r = 0; r < n; ++r) {
+    out_views.push_back(outs.view().select(0, r));
+    lse_views.push_back(lses.view().select(0, r));
+  }
+  merge_attn_states_n(out_views, lse_views, out, lse);
+}
+
+void dcp_forward(Attention& layer, AttentionMetadataBuilder& builder, DcpCommunicator& comm, const DcpConfig& config,
+                 const CommonAttentionMetadataArgs& global, const TensorView& query, const TensorView& key,
+                 const TensorView& value, const TensorView& kv_cache, const TensorView& out, const TensorView& lse) {
+  constexpr const char* kWho = "dcp_forward";
+  const AttentionLayerParams& p = layer.params();
+  check_dcp_layer(config, comm, p.block_size, kWho);
+  PAGEDATTN_CHECK(p.attn_type == AttentionType::decoder && p.alibi_slopes.empty() && !p.sliding_window &&
+                      !p.attention_chunk_size && p.sinks.empty() && !p.kv_sharing_target_layer_name,
+                  "layer", kWho, ": layer '", p.prefix,
+                  "' uses ALiBi, a sliding window, chunked local attention, sinks, KV sharing or a non-decoder "
+                  "type: DCP computes each rank's share on local positions and merges one sink-free softmax per "
+                  "rank, so none of them is supported");
+  for (const auto& [t, name] : {std::pair{&query, "query"}, std::pair{&key, "key"}, std::pair{&value, "value"},
+                                std::pair{&out, "out"}}) {
+    check_host(*t, name, kWho);
+  }
+  const DcpLocalStep step = local_step_for(builder, global, config, p.block_size);
+  const auto n = static_cast<int64_t>(step.rows.size());
+  const int64_t h = out.size(1), dv = out.size(2);
+  Tensor local_out(Shape{n, h, dv}, out.dtype(), Device::cpu);
+  Tensor local_lse(Shape{h, n}, DType::f32, Device::cpu);
+  if (n > 0) {
+    const OwnedCommonAttentionMetadata md = make_common_attention_metadata(step.args, Device::cpu);
+    const auto plan = builder.build(0, md.common);
+    const Tensor q = gather_rows(query, step.rows), k = gather_rows(key, step.rows), v = gather_rows(value, step.rows);
+    layer.forward(q, k, v, kv_cache, *plan, local_out, local_lse);
+  }
+  scatter_and_combine(comm, step, local_out, local_lse, out, lse);
+}
+
+void dcp_forward(MLAAttention& layer, AttentionMetadataBuilder& builder, DcpCommunicator& comm, const DcpConfig& config,
+                 const CommonAttentionMetadataArgs& global, const TensorView& q, const TensorView& kv_c_normed,
+                 const TensorView& k_pe, const TensorView& kv_cache, const TensorView& out, const TensorView& lse) {
+  constexpr const char* kWho = "dcp_forward (MLA)";
+  check_dcp_layer(config, comm, layer.params().block_size, kWho);
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&kv_c_normed, "kv_c_normed"}, std::pair{&k_pe, "k_pe"},
+                                std::pair{&out, "out"}}) {
+    check_host(*t, name, kWho);
+  }
+  const DcpLocalStep step = local_step_for(builder, global, config, layer.params().block_size);
+  const auto n = static_cast<int64_t>(step.rows.size());
+  const int64_t h = out.size(1), dv = out.size(2);
+  Tensor local_out(Shape{n, h, dv}, out.dtype(), Device::cpu);
+  Tensor local_lse(Shape{h, n}, DType::f32, Device::cpu);
+  if (n > 0) {
+    const OwnedCommonAttentionMetadata md = make_common_attention_metadata(step.args, Device::cpu);
+    const auto plan = builder.build(0, md.common);
+    const Tensor lq = gather_rows(q, step.rows), lc = gather_rows(kv_c_normed, step.rows),
+                 lk = gather_rows(k_pe, step.rows);
+    layer.forward(lq, lc, lk, kv_cache, *plan, local_out, local_lse);
+  }
+  scatter_and_combine(comm, step, local_out, local_lse, out, lse);
+}
+
+}  // namespace pagedattn
