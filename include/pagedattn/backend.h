@@ -62,6 +62,18 @@ struct SelectorConfig {
   int num_heads = 0;                   // 0 = not given (standard layers)
 };
 
+// The decode-context-parallel group a layer runs in (vLLM: get_dcp_group() and
+// cp_kv_cache_interleave_size; pagedattn/dcp.h): world_size N >= 1 ranks, this one's rank,
+// interleave I (tokens [k I, (k + 1) I) live on rank k % N; I divides the block size).
+struct DcpConfig {
+  int world_size = 1;
+  int rank = 0;
+  int interleave = 1;
+  // Error naming the field ("dcp.world_size", "dcp.rank", "dcp.interleave").
+  void validate(int block_size) const;
+  bool operator==(const DcpConfig&) const = default;
+};
+
 // The layer parameters an impl is made from (vLLM AttentionImpl.__init__ + sinks, dtype).
 struct AttentionImplParams {
   int num_heads = 0;
@@ -79,6 +91,7 @@ struct AttentionImplParams {
   DType dtype = DType::bf16;           // activation dtype (q, k, v, output)
   Device device = Device::cpu;
   int block_size = 16;
+  DcpConfig dcp;                       // vLLM's impl.dcp_world_size / dcp_rank
 
   int value_head_size() const { return head_size_v > 0 ? head_size_v : head_size; }
   int kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
@@ -253,6 +266,8 @@ class AttentionImpl {
                        const TensorView& output_scale = {}, const TensorView& output_lse = {}) = 0;
 
   virtual bool can_return_lse_for_decode() const { return true; }
+  // vLLM: dcp_world_size > 1 and can_return_lse_for_decode (the ranks' decode LSEs are merged).
+  bool need_to_return_lse_for_decode() const { return params_.dcp.world_size > 1 && can_return_lse_for_decode(); }
   virtual bool supports_quant_query_input() const { return false; }
   virtual bool fused_output_quant_supported(const QuantKey& /*key*/) const { return false; }
   virtual void process_weights_after_loading(DType /*act_dtype*/) {}

@@ -20,7 +20,9 @@
 // runs of owned tokens (exact, but each reads its keys again: the efficient DCP prefill, an
 // all-gather of the context KV, is not built).
 // Not with ALiBi, sliding windows, chunked local attention or sinks (positions and the sink term
-// would be wrong on the local sequence): dcp_forward rejects them.
+// would be wrong on the local sequence): dcp_forward rejects them. DcpConfig (backend.h) is also
+// the layer's (AttentionLayerParams::dcp, MLAAttentionLayerParams::dcp, passed to its impl, whose
+// need_to_return_lse_for_decode() is then true); dcp_forward checks that the two agree.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,7 @@
 #include <span>
 #include <vector>
 
+#include "pagedattn/backend.h"
 #include "pagedattn/metadata.h"
 #include "pagedattn/tensor.h"
 
@@ -36,14 +39,6 @@ namespace pagedattn {
 class Attention;
 class MLAAttention;
 class AttentionMetadataBuilder;
-
-struct DcpConfig {
-  int world_size = 1;  // N >= 1
-  int rank = 0;        // [0, N)
-  int interleave = 1;  // I >= 1, divides the cache's block size
-  // Error naming the field ("dcp.world_size", "dcp.rank", "dcp.interleave").
-  void validate(int block_size) const;
-};
 
 // The rank holding global token t, and t's position in that rank's sequence.
 int dcp_owner(int64_t token, const DcpConfig& config);

@@ -65,6 +65,8 @@ struct AttentionLayerParams {
   // whose impl supports it (SelectorConfig::fp8_output; a forced backend without it is an Error).
   // A layer without it may still pass output_scale to a backend that supports it.
   bool fp8_output = false;
+  // The decode-context-parallel group the layer runs in (pagedattn/dcp.h); checked at construction.
+  DcpConfig dcp;
 };
 
 // vLLM's static forward context (compilation_config.static_forward_context): the attention layers

@@ -243,6 +243,7 @@ struct MLAImplParams {
   Device device = Device::cpu;
   int block_size = 64;
   std::string prefill_backend;              // "" = get_mla_prefill_backend; else forced by name
+  DcpConfig dcp;                            // vLLM's impl.dcp_world_size / dcp_rank
 };
 
 class MLAAttentionImpl {
@@ -270,6 +271,7 @@ class MLAAttentionImpl {
                              const TensorView& kv_cache, const AttentionMetadata& metadata,
                              const TensorView& output, const TensorView& output_lse = {}) const = 0;
   virtual bool can_return_lse_for_decode() const { return true; }
+  bool need_to_return_lse_for_decode() const { return params_.dcp.world_size > 1 && can_return_lse_for_decode(); }
   // The prefill backend this impl runs its prefill tokens with.
   virtual std::string_view prefill_backend_name() const = 0;
   const MLAImplParams& params() const { return params_; }
@@ -315,7 +317,7 @@ struct MLAAttentionLayerParams {
 
   MLADimensions dims() const {
     return {kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim};
-  }
+  }  DcpConfig dcp;                       // the decode-context-parallel group (pagedattn/dcp.h)
 };
 
 class StaticForwardContext;  // layer.h

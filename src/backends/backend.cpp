@@ -58,6 +58,15 @@ Tensor AttentionBackend::allocate_kv_cache(int64_t num_blocks, int block_size, i
   return allocate_paged_cache(shape, order, storage_dtype, device);
 }
 
+void DcpConfig::validate(int block_size) const {
+  PAGEDATTN_CHECK(world_size >= 1, "dcp.world_size", "DCP: world_size = ", world_size, " must be >= 1");
+  PAGEDATTN_CHECK(rank >= 0 && rank < world_size, "dcp.rank", "DCP: rank = ", rank, " must be in [0, world_size = ",
+                  world_size, ")");
+  PAGEDATTN_CHECK(interleave >= 1 && block_size % interleave == 0, "dcp.interleave", "DCP: interleave = ",
+                  interleave, " must be >= 1 and divide the block size ", block_size,
+                  " (a block holds whole interleave groups)");
+}
+
 std::unique_ptr<AttentionMetadataBuilder> AttentionBackend::make_builder(
     const KVCacheSpec& spec, const BuilderConfig& config, Device device) const {
   PAGEDATTN_CHECK(config.num_speculative_tokens >= 0 &&

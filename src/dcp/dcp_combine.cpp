@@ -110,11 +110,15 @@ class InMemoryCommunicator final : public DcpCommunicator {
   int rank_;
 };
 
-void check_dcp_layer(const DcpConfig& config, DcpCommunicator& comm, int block_size, const char* who) {
+void check_dcp_layer(const DcpConfig& config, const DcpConfig& layer, DcpCommunicator& comm, int block_size,
+                     const char* who) {
   config.validate(block_size);
   PAGEDATTN_CHECK(config.world_size == comm.world_size() && config.rank == comm.rank(), "dcp", who,
                   ": config (world_size ", config.world_size, ", rank ", config.rank,
                   ") does not match the communicator's (", comm.world_size(), ", ", comm.rank(), ")");
+  PAGEDATTN_CHECK(config == layer, "dcp", who, ": config (world_size ", config.world_size, ", rank ", config.rank,
+                  ", interleave ", config.interleave, ") is not the layer's dcp (", layer.world_size, ", ", layer.rank,
+                  ", ", layer.interleave, "): create the layer with the group's DcpConfig");
 }
 
 // This rank's share of a step: the local step, reordered as the builder asks (MLA: decodes first).
@@ -260,7 +264,7 @@ void dcp_forward(Attention& layer, AttentionMetadataBuilder& builder, DcpCommuni
                  const TensorView& value, const TensorView& kv_cache, const TensorView& out, const TensorView& lse) {
   constexpr const char* kWho = "dcp_forward";
   const AttentionLayerParams& p = layer.params();
-  check_dcp_layer(config, comm, p.block_size, kWho);
+  check_dcp_layer(config, p.dcp, comm, p.block_size, kWho);
   PAGEDATTN_CHECK(p.attn_type == AttentionType::decoder && p.alibi_slopes.empty() && !p.sliding_window &&
                       !p.attention_chunk_size && p.sinks.empty() && !p.kv_sharing_target_layer_name,
                   "layer", kWho, ": layer '", p.prefix,
@@ -289,7 +293,7 @@ void dcp_forward(MLAAttention& layer, AttentionMetadataBuilder& builder, DcpComm
                  const CommonAttentionMetadataArgs& global, const TensorView& q, const TensorView& kv_c_normed,
                  const TensorView& k_pe, const TensorView& kv_cache, const TensorView& out, const TensorView& lse) {
   constexpr const char* kWho = "dcp_forward (MLA)";
-  check_dcp_layer(config, comm, layer.params().block_size, kWho);
+  check_dcp_layer(config, layer.params().dcp, comm, layer.params().block_size, kWho);
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&kv_c_normed, "kv_c_normed"}, std::pair{&k_pe, "k_pe"},
                                 std::pair{&out, "out"}}) {
     check_host(*t, name, kWho);

@@ -7,15 +7,6 @@
 
 namespace pagedattn {
 
-void DcpConfig::validate(int block_size) const {
-  PAGEDATTN_CHECK(world_size >= 1, "dcp.world_size", "DCP: world_size = ", world_size, " must be >= 1");
-  PAGEDATTN_CHECK(rank >= 0 && rank < world_size, "dcp.rank", "DCP: rank = ", rank, " must be in [0, world_size = ",
-                  world_size, ")");
-  PAGEDATTN_CHECK(interleave >= 1 && block_size % interleave == 0, "dcp.interleave", "DCP: interleave = ",
-                  interleave, " must be >= 1 and divide the block size ", block_size,
-                  " (a block holds whole interleave groups)");
-}
-
 int dcp_owner(int64_t token, const DcpConfig& c) { return static_cast<int>((token / c.interleave) % c.world_size); }
 
 int64_t dcp_local_position(int64_t token, const DcpConfig& c) {

@@ -72,6 +72,7 @@ void validate_layer_params(const AttentionLayerParams& p) {
   }
   PAGEDATTN_CHECK(p.block_size > 0, "block_size", "Attention '", layer, "': block_size = ",
                   p.block_size, " must be > 0");
+  p.dcp.validate(p.block_size);
   validate_kv_cache_dtype(p.kv_cache_dtype);
   PAGEDATTN_CHECK(p.dtype == DType::f32 || p.dtype == DType::f16 || p.dtype == DType::bf16,
                   "dtype", "Attention '", layer, "': dtype = ", dtype_name(p.dtype),
@@ -124,6 +125,7 @@ AttentionImplParams make_impl_params(const AttentionLayerParams& p) {
   ip.dtype = p.dtype;
   ip.device = p.device;
   ip.block_size = p.block_size;
+  ip.dcp = p.dcp;
   return ip;
 }
 

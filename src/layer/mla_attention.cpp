@@ -54,6 +54,7 @@ MLAAttention::MLAAttention(MLAAttentionLayerParams params,
                            StaticForwardContext* static_forward_context)
     : params_(std::move(params)) {
   validate_mla_layer_params(params_);
+  params_.dcp.validate(params_.block_size);
   if (!params_.scale) {
     params_.scale = 1.f / std::sqrt(static_cast<float>(params_.qk_head_dim));
   }
@@ -79,6 +80,7 @@ MLAAttention::MLAAttention(MLAAttentionLayerParams params,
   ip.device = params_.device;
   ip.block_size = params_.block_size;
   ip.prefill_backend = params_.prefill_backend;
+  ip.dcp = params_.dcp;
   impl_ = mla->make_mla_impl(ip);
   PAGEDATTN_CHECK(impl_ != nullptr, "backend", "MLAAttention '", params_.prefix, "': backend ",
                   backend_->name(), " returned no impl");

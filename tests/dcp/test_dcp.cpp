@@ -255,7 +255,10 @@ TEST(DcpEmulation, StandardLayerMatchesTheUnshardedRun) {
         }
         on_ranks(n, [&](int r) {
           const DcpConfig c{n, r, interleave};
-          Attention layer(p);
+          AttentionLayerParams rank_params = p;
+          rank_params.dcp = c;
+          Attention layer(rank_params);
+          EXPECT_TRUE(layer.impl().need_to_return_lse_for_decode());
           int num_blocks = 0;
           (void)global_step(reqs, n, false, &num_blocks);
           Tensor cache = layer.allocate_kv_cache(num_blocks);
@@ -317,7 +320,10 @@ TEST(DcpEmulation, MlaLayerMatchesTheUnshardedRun) {
         lses.emplace_back(Shape{4, tokens}, DType::f32, Device::cpu);
       }
       on_ranks(n, [&](int r) {
-        MLAAttention layer(p);
+        MLAAttentionLayerParams rank_params = p;
+        rank_params.dcp = DcpConfig{n, r, interleave};
+        MLAAttention layer(rank_params);
+        EXPECT_EQ(layer.impl().need_to_return_lse_for_decode(), n > 1);
         layer.process_weights_after_loading(weight);
         int num_blocks = 0;
         (void)global_step(reqs, n, false, &num_blocks);
@@ -374,6 +380,16 @@ TEST(DcpEmulation, UnsupportedLayersAndMismatchedConfigsAreErrors) {
   auto group = make_in_memory_dcp_group(1);
   expect_error([&] { dcp_forward(layer, *builder, *group[0], DcpConfig{}, g, q, kv, kv, cache, out); }, "layer");
   expect_error([&] { dcp_forward(layer, *builder, *group[0], DcpConfig{2, 1, 1}, g, q, kv, kv, cache, out); }, "dcp");
+  // The layer's own group must be the one dcp_forward is given; a bad one is rejected at construction.
+  p.alibi_slopes.clear();
+  Attention plain(p);
+  EXPECT_FALSE(plain.impl().need_to_return_lse_for_decode());
+  auto pair = make_in_memory_dcp_group(2);
+  expect_error([&] { dcp_forward(plain, *builder, *pair[1], DcpConfig{2, 1, 1}, g, q, kv, kv, cache, out); }, "dcp");
+  p.dcp = DcpConfig{2, 2, 1};
+  expect_error([&] { Attention bad(p); }, "dcp.rank");
+  p.dcp = DcpConfig{2, 0, 5};
+  expect_error([&] { Attention bad(p); }, "dcp.interleave");
 }
 
 }  // namespace
