@@ -172,6 +172,24 @@ void scatter_and_combine(DcpCommunicator& comm, const DcpLocalStep& step, const 
   dcp_combine(comm, full_out, full_lse, out, lse);
 }
 
+// One rank's step of a layer: the local step planned by the rank's builder, `attend(rows, plan,
+// local_out, local_lse)` over the gathered rows (when the rank has any), then the group's combine.
+template <class Attend>
+void run_on_rank(AttentionMetadataBuilder& builder, DcpCommunicator& comm, const DcpConfig& config, int block_size,
+                 const CommonAttentionMetadataArgs& global, const TensorView& out, const TensorView& lse,
+                 Attend&& attend) {
+  const DcpLocalStep step = local_step_for(builder, global, config, block_size);
+  const auto n = static_cast<int64_t>(step.rows.size());
+  Tensor local_out(Shape{n, out.size(1), out.size(2)}, out.dtype(), Device::cpu);
+  Tensor local_lse(Shape{out.size(1), n}, DType::f32, Device::cpu);
+  if (n > 0) {
+    const OwnedCommonAttentionMetadata md = make_common_attention_metadata(step.args, Device::cpu);
+    const auto plan = builder.build(0, md.common);
+    attend(std::span<const int32_t>(step.rows), *plan, local_out, local_lse);
+  }
+  scatter_and_combine(comm, step, local_out, local_lse, out, lse);
+}
+
 }  // namespace
 
 void merge_attn_states_n(std::span<const TensorView> outs, std::span<const TensorView> lses, const TensorView& out,
@@ -272,21 +290,14 @@ void dcp_forward(Attention& layer, AttentionMetadataBuilder& builder, DcpCommuni
                   "type: DCP computes each rank's share on local positions and merges one sink-free softmax per "
                   "rank, so none of them is supported");
   for (const auto& [t, name] : {std::pair{&query, "query"}, std::pair{&key, "key"}, std::pair{&value, "value"},
-                                std::pair{&out, "out"}}) {
+                                std::pair{&kv_cache, "kv_cache"}, std::pair{&out, "out"}}) {
     check_host(*t, name, kWho);
   }
-  const DcpLocalStep step = local_step_for(builder, global, config, p.block_size);
-  const auto n = static_cast<int64_t>(step.rows.size());
-  const int64_t h = out.size(1), dv = out.size(2);
-  Tensor local_out(Shape{n, h, dv}, out.dtype(), Device::cpu);
-  Tensor local_lse(Shape{h, n}, DType::f32, Device::cpu);
-  if (n > 0) {
-    const OwnedCommonAttentionMetadata md = make_common_attention_metadata(step.args, Device::cpu);
-    const auto plan = builder.build(0, md.common);
-    const Tensor q = gather_rows(query, step.rows), k = gather_rows(key, step.rows), v = gather_rows(value, step.rows);
-    layer.forward(q, k, v, kv_cache, *plan, local_out, local_lse);
-  }
-  scatter_and_combine(comm, step, local_out, local_lse, out, lse);
+  run_on_rank(builder, comm, config, p.block_size, global, out, lse,
+              [&](std::span<const int32_t> rows, const AttentionMetadata& plan, const Tensor& o, const Tensor& l) {
+                const Tensor q = gather_rows(query, rows), k = gather_rows(key, rows), v = gather_rows(value, rows);
+                layer.forward(q, k, v, kv_cache, plan, o, l);
+              });
 }
 
 void dcp_forward(MLAAttention& layer, AttentionMetadataBuilder& builder, DcpCommunicator& comm, const DcpConfig& config,
@@ -295,22 +306,14 @@ void dcp_forward(MLAAttention& layer, AttentionMetadataBuilder& builder, DcpComm
   constexpr const char* kWho = "dcp_forward (MLA)";
   check_dcp_layer(config, layer.params().dcp, comm, layer.params().block_size, kWho);
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&kv_c_normed, "kv_c_normed"}, std::pair{&k_pe, "k_pe"},
-                                std::pair{&out, "out"}}) {
+                                std::pair{&kv_cache, "kv_cache"}, std::pair{&out, "out"}}) {
     check_host(*t, name, kWho);
   }
-  const DcpLocalStep step = local_step_for(builder, global, config, layer.params().block_size);
-  const auto n = static_cast<int64_t>(step.rows.size());
-  const int64_t h = out.size(1), dv = out.size(2);
-  Tensor local_out(Shape{n, h, dv}, out.dtype(), Device::cpu);
-  Tensor local_lse(Shape{h, n}, DType::f32, Device::cpu);
-  if (n > 0) {
-    const OwnedCommonAttentionMetadata md = make_common_attention_metadata(step.args, Device::cpu);
-    const auto plan = builder.build(0, md.common);
-    const Tensor lq = gather_rows(q, step.rows), lc = gather_rows(kv_c_normed, step.rows),
-                 lk = gather_rows(k_pe, step.rows);
-    layer.forward(lq, lc, lk, kv_cache, *plan, local_out, local_lse);
-  }
-  scatter_and_combine(comm, step, local_out, local_lse, out, lse);
+  run_on_rank(builder, comm, config, layer.params().block_size, global, out, lse,
+              [&](std::span<const int32_t> rows, const AttentionMetadata& plan, const Tensor& o, const Tensor& l) {
+                const Tensor lq = gather_rows(q, rows), lc = gather_rows(kv_c_normed, rows), lk = gather_rows(k_pe, rows);
+                layer.forward(lq, lc, lk, kv_cache, plan, o, l);
+              });
 }
 
 }  // namespace pagedattn
