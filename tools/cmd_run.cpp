@@ -42,6 +42,7 @@ struct RunFlags {
   int max_steps = 0;
   int num_speculative_tokens = 0;
   double spec_acceptance_rate = 0.7;
+  int dcp = 1, dcp_interleave = 1;
   bool check = false, no_check = false;
   int check_interval = 4;
   bool batch_invariant = false, check_invariance = false;
@@ -149,6 +150,19 @@ Command add_run_command(CLI::App& parent) {
                   "per step")
       ->check(integer_option(0, kMaxTokens))
       ->group(sched);
+  app->add_option("--dcp", f->dcp,
+                  "decode context parallelism: every layer's KV cache striped over N ranks (threads of this process, "
+                  "an in-memory group; pagedattn/dcp.h), each row attended on every rank and merged by LSE; reports "
+                  "the KV memory per rank. Host only; not for layers with sliding windows, chunked local attention, "
+                  "sinks or ALiBi")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxTensorParallel))
+      ->group(sched);
+  app->add_option("--dcp-interleave", f->dcp_interleave,
+                  "--dcp: tokens of one stripe (vLLM's cp_kv_cache_interleave_size; divides --block-size)")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxBlockSize))
+      ->group(sched);
   app->add_option("--spec-acceptance-rate", f->spec_acceptance_rate,
                   "probability that one draft token is accepted (the first rejection ends a request's chain)")
       ->capture_default_str()
@@ -205,6 +219,8 @@ Command add_run_command(CLI::App& parent) {
     o.long_prefill_token_threshold = f->long_prefill_token_threshold;
     o.max_steps = f->max_steps;
     o.num_speculative_tokens = f->num_speculative_tokens;
+    o.dcp_world_size = f->dcp;
+    o.dcp_interleave = f->dcp_interleave;
     o.spec_acceptance_rate = f->spec_acceptance_rate;
     if (f->check) o.check = true;
     if (f->no_check) o.check = false;

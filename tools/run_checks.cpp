@@ -68,6 +68,19 @@ void validate_run_options(const RunOptions& o) {
   check_range("--long-prefill-token-threshold", o.long_prefill_token_threshold, 0, kMaxTokens);
   check_range("--max-steps", o.max_steps, 0, kMaxInt);
   check_range("--check-interval", o.check_interval, 1, kMaxInt);
+  check_range("--dcp", o.dcp_world_size, 1, kMaxTensorParallel);
+  check_range("--dcp-interleave", o.dcp_interleave, 1, kMaxBlockSize);
+  if (o.dcp_world_size > 1 || o.dcp_interleave > 1) {
+    if (o.block_size % o.dcp_interleave != 0) {
+      throw UsageError("--dcp-interleave: " + std::to_string(o.dcp_interleave) + " does not divide --block-size " +
+                       std::to_string(o.block_size) + " (a block holds whole interleave stripes)");
+    }
+    if (o.device != Device::cpu) {
+      throw UsageError("--dcp: decode context parallelism runs on the host for now (an in-memory group of threads; "
+                       "the NCCL path is not built): use --device cpu");
+    }
+    if (o.check_invariance) throw UsageError("--check-invariance: not with --dcp (it re-runs layers unsharded)");
+  }
   validate_workload(o.workload);
 }
 

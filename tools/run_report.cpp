@@ -25,6 +25,11 @@ void print_run_report(const RunReport& r, std::ostream& os) {
   os << ", dtype " << dtype_name(o.dtype) << ", kv cache " << o.kv_cache_dtype << ", block size "
      << o.block_size << ", " << format_count(r.num_blocks) << " blocks (" << mib(r.kv_cache_bytes)
      << " of KV cache)\n";
+  if (o.dcp_world_size > 1) {
+    os << "  decode context parallelism: " << o.dcp_world_size << " ranks (threads), interleave " << o.dcp_interleave
+       << ": " << mib(r.kv_cache_bytes_per_rank) << " of KV cache per rank (1/" << o.dcp_world_size << " of "
+       << mib(r.kv_cache_bytes) << "), virtual blocks of " << o.block_size * o.dcp_world_size << " tokens\n";
+  }
   os << "  workload: " << r.num_requests << " requests, prompt " << o.workload.prompt_len.describe();
   if (o.workload.system_prompt_len > 0) os << " + shared system prompt " << o.workload.system_prompt_len;
   os << ", output " << o.workload.output_len.describe() << ", "
@@ -154,6 +159,9 @@ std::string run_report_json(const RunReport& r) {
                   {"tensor_parallel_size", o.tensor_parallel_size},
                   {"num_blocks", r.num_blocks},
                   {"kv_cache_bytes", r.kv_cache_bytes},
+                  {"dcp_world_size", o.dcp_world_size},
+                  {"dcp_interleave", o.dcp_interleave},
+                  {"kv_cache_bytes_per_rank", r.kv_cache_bytes_per_rank},
                   {"max_num_batched_tokens", o.max_num_batched_tokens},
                   {"max_num_seqs", o.max_num_seqs},
                   {"chunked_prefill", o.chunked_prefill},

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <ostream>
 #include <random>
 #include <span>
+#include <thread>
 
 #include "cli_common.h"
 #include "option_limits.h"
@@ -65,6 +67,10 @@ struct LayerState {
   std::unique_ptr<MLAAttention> ref_mla;  // --check, MLA: the same layer on REFERENCE_MLA (cpu)
   Tensor ref_cache;
   int ref_group = -1;
+  // --dcp N: ranks 1 .. N - 1 of the layer and their caches (rank 0 is layer / mla and cache).
+  std::vector<std::unique_ptr<Attention>> rank_layers;
+  std::vector<std::unique_ptr<MLAAttention>> rank_mla;
+  std::vector<Tensor> rank_caches;
   double max_rel_error = 0;
   int checked_steps = 0;
   double checked_seconds = 0;    // the layer's forward on the checked steps
@@ -85,6 +91,7 @@ struct GroupState {
   KVCacheSpec spec;
   BuilderConfig config;
   std::unique_ptr<AttentionMetadataBuilder> builder;
+  std::vector<std::unique_ptr<AttentionMetadataBuilder>> rank_builders;  // --dcp: ranks 1 .. N - 1
   std::vector<int> layers;
   LayerShape shape;
 };
@@ -206,10 +213,15 @@ struct Simulation::State {
   Tensor output, ref_output;  // flat; viewed as (T, Hq, Dv)
   std::mt19937_64 rng;
   int64_t kv_cache_bytes = 0;
+  int64_t kv_cache_bytes_per_rank = 0;
 
   // MLA layers: one kv_b_proj weight (H*(P+V), L), N(0, 1/L) values, shared by every layer (the
   // simulator has no model weights; each layer still splits it into its own W_UK / W_UV).
   Tensor kv_b_proj_host, kv_b_proj_device;
+  // --dcp N: the in-memory group of N ranks (one communicator each).
+  std::vector<std::unique_ptr<DcpCommunicator>> dcp_group;
+  DcpConfig dcp_config(int rank) const { return DcpConfig{options.dcp_world_size, rank, options.dcp_interleave}; }
+  bool dcp() const { return options.dcp_world_size > 1; }
 
   int add_group(std::vector<GroupState>& list, const LayerState& layer, bool reference, Device device);
   HostBatch host_batch(const StepSchedule& step) const;
@@ -235,6 +247,11 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState
   config.num_sms = device == Device::cuda ? num_sms : threads;
   config.batch_invariant = options.batch_invariant;
   config.num_speculative_tokens = options.num_speculative_tokens;
+  // --dcp: a rank's step has one request per prefill row held elsewhere (dcp.h).
+  if (dcp() && !reference) {
+    config.max_num_seqs = std::max(config.max_num_seqs, options.max_num_batched_tokens);
+    config.mla_chunked_prefill_workspace_tokens = 0;  // vLLM's rule for the larger max_num_seqs
+  }
   for (size_t g = 0; g < list.size(); ++g) {
     if (list[g].backend == &backend && list[g].spec == spec && same_builder_config(list[g].config, config)) {
       return static_cast<int>(g);
@@ -246,6 +263,9 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState
   group.config = config;
   group.shape = shape;
   group.builder = backend.make_builder(spec, config, device);
+  if (dcp() && !reference) {
+    for (int r = 1; r < options.dcp_world_size; ++r) group.rank_builders.push_back(backend.make_builder(spec, config, device));
+  }
   list.push_back(std::move(group));
   return static_cast<int>(list.size()) - 1;
 }
@@ -308,10 +328,15 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
       p.dtype = o.dtype;
       p.device = o.device;
       p.backend = o.backend;
+      p.dcp = s.dcp_config(0);
       LayerState ls;
       ls.shape = shape;
       try {
         ls.mla = std::make_unique<MLAAttention>(p);
+        for (int r = 1; r < o.dcp_world_size; ++r) {
+          p.dcp.rank = r;
+          ls.rank_mla.push_back(std::make_unique<MLAAttention>(p));
+        }
       } catch (const Error& e) {
         std::string msg = s.preset->name + ": layer " + name + " (MLA, latent " + std::to_string(shape.kv_lora_rank) +
                           "+" + std::to_string(shape.qk_rope_head_dim) + ", " + std::to_string(shape.num_heads) +
@@ -340,10 +365,20 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     p.dtype = o.dtype;
     p.device = o.device;
     p.backend = o.backend;
+    p.dcp = s.dcp_config(0);
+    if (s.dcp() && (shape.kind != LayerKind::full || shape.has_sinks)) {
+      throw UsageError("--dcp: layer " + name + " of " + s.preset->name + " (" + shape.describe() +
+                       ") cannot run striped: decode context parallelism supports full attention without sinks, "
+                       "ALiBi, sliding windows or chunked local attention (and MLA)");
+    }
     LayerState ls;
     ls.shape = shape;
     try {
       ls.layer = std::make_unique<Attention>(p);
+      for (int r = 1; r < o.dcp_world_size; ++r) {
+        p.dcp.rank = r;
+        ls.rank_layers.push_back(std::make_unique<Attention>(p));
+      }
     } catch (const Error& e) {
       std::string msg = s.preset->name + ": layer " + name + " (" + shape.describe() + ") cannot run: " + one_line(e.what());
       if (is_selector_error(e)) throw UnsupportedConfiguration(msg);
@@ -372,7 +407,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   // ---- workload and scheduler ----------------------------------------------------------------------
   std::vector<RequestSpec> requests = generate_workload(o.workload);
   SchedulerConfig sc;
-  sc.block_size = o.block_size;
+  sc.block_size = o.block_size * o.dcp_world_size;  // --dcp: virtual blocks of N x block_size tokens
   sc.max_num_batched_tokens = o.max_num_batched_tokens;
   sc.max_num_seqs = o.max_num_seqs;
   sc.max_model_len = o.max_model_len > 0 ? o.max_model_len : s.preset->max_model_len;
@@ -387,7 +422,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     sc.num_blocks = o.num_blocks;
   } else {
     int64_t all_at_once = 1;
-    for (const RequestSpec& r : requests) all_at_once += cdiv(int64_t{r.prompt_len} + r.output_len - 1, o.block_size);
+    for (const RequestSpec& r : requests) all_at_once += cdiv(int64_t{r.prompt_len} + r.output_len - 1, sc.block_size);
     int64_t fits = static_cast<int64_t>(o.kv_cache_gib * double(int64_t{1} << 30) / double(page_bytes));
     sc.num_blocks = static_cast<int>(std::clamp<int64_t>(std::min(all_at_once, fits), 0, kMaxNumBlocks));
     if (sc.num_blocks < 1) {
@@ -397,6 +432,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   }
   s.check = o.check.value_or(s.preset->name == "tiny");
   if (o.check_invariance) s.invariance = std::make_unique<InvarianceChecker>(o.seed, o.device);
+  if (s.dcp()) s.dcp_group = make_in_memory_dcp_group(o.dcp_world_size);
   RunMemory memory;
   memory.num_layers = static_cast<int>(s.layers.size());
   memory.page_bytes = page_bytes;
@@ -423,6 +459,12 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     LayerState& l = s.layers[i];
     l.cache = l.allocate_kv_cache(sc.num_blocks);
     s.kv_cache_bytes += static_cast<int64_t>(l.cache.nbytes());
+    s.kv_cache_bytes_per_rank += static_cast<int64_t>(l.cache.nbytes());
+    for (int r = 1; r < o.dcp_world_size; ++r) {
+      l.rank_caches.push_back(l.mla ? l.rank_mla[static_cast<size_t>(r - 1)]->allocate_kv_cache(sc.num_blocks)
+                                    : l.rank_layers[static_cast<size_t>(r - 1)]->allocate_kv_cache(sc.num_blocks));
+      s.kv_cache_bytes += static_cast<int64_t>(l.rank_caches.back().nbytes());
+    }
     l.group = s.add_group(s.groups, l, false, o.device);
     s.groups[static_cast<size_t>(l.group)].layers.push_back(static_cast<int>(i));
     if (l.mla) {
@@ -434,11 +476,14 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
         if (o.device != Device::cpu) s.kv_b_proj_device = s.kv_b_proj_host.to(o.device);
       }
       l.mla->process_weights_after_loading(o.device == Device::cpu ? s.kv_b_proj_host.view() : s.kv_b_proj_device.view());
+      for (auto& rank : l.rank_mla) rank->process_weights_after_loading(s.kv_b_proj_host.view());
       if (s.check) {
         MLAAttentionLayerParams rp = l.mla->params();
         rp.backend = "REFERENCE_MLA";
         rp.prefill_backend = "";
         rp.device = Device::cpu;
+        rp.block_size = sc.block_size;  // --dcp: the unsharded layout of the virtual blocks
+        rp.dcp = DcpConfig{};
         try {
           l.ref_mla = std::make_unique<MLAAttention>(rp);
         } catch (const Error& e) {
@@ -456,6 +501,8 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
       AttentionLayerParams rp = l.layer->params();
       rp.backend = "REFERENCE";
       rp.device = Device::cpu;
+      rp.block_size = sc.block_size;  // --dcp: the unsharded layout of the virtual blocks
+      rp.dcp = DcpConfig{};
       try {
         l.ref_layer = std::make_unique<Attention>(rp);
       } catch (const Error& e) {
@@ -493,7 +540,7 @@ const Scheduler& Simulation::scheduler() const { return *state_->scheduler; }
 
 HostBatch Simulation::State::host_batch(const StepSchedule& step) const {
   HostBatch b;
-  const int bs = options.block_size;
+  const int bs = scheduler->config().block_size;  // --dcp: the virtual block size
   b.cols = std::max(1, scheduler->max_blocks_per_request());
   const int n = static_cast<int>(step.requests.size());
   b.query_start_loc.push_back(0);
@@ -514,7 +561,7 @@ HostBatch Simulation::State::host_batch(const StepSchedule& step) const {
 StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step, bool invariance_step,
                                        RunReport& report) {
   const RunOptions& o = options;
-  const int bs = o.block_size;
+  const int bs = scheduler->config().block_size;  // --dcp: the virtual block size
   const int64_t num_blocks = scheduler->config().num_blocks;
   StepRecord rec;
   rec.step = step.step;
@@ -565,7 +612,9 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
     return metadata;
   };
   auto t_plan = Clock::now();
-  std::vector<std::shared_ptr<const AttentionMetadata>> metadata = plan(groups, false);
+  // --dcp: every rank plans its own share inside dcp_forward (counted in the forward time).
+  std::vector<std::shared_ptr<const AttentionMetadata>> metadata;
+  if (!dcp()) metadata = plan(groups, false);
   if (o.device == Device::cuda) synchronize_cuda();
   rec.plan_seconds = seconds_since(t_plan);
   for (const auto& md : metadata) rec.cascade_plans += md->use_cascade ? 1 : 0;
@@ -576,8 +625,10 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
   ForwardContext ctx, ref_ctx;
   for (LayerState& l : layers) {
     if (l.mla) continue;  // MLA layers get their metadata and cache directly
-    ctx.attn_metadata[l.layer->name()] = metadata[static_cast<size_t>(l.group)];
-    ctx.kv_caches[l.layer->name()] = l.cache.view();
+    if (!dcp()) {
+      ctx.attn_metadata[l.layer->name()] = metadata[static_cast<size_t>(l.group)];
+      ctx.kv_caches[l.layer->name()] = l.cache.view();
+    }
     if (check_step) {
       ref_ctx.attn_metadata[l.layer->name()] = ref_metadata[static_cast<size_t>(l.ref_group)];
       ref_ctx.kv_caches[l.layer->name()] = l.ref_cache.view();
@@ -596,6 +647,39 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
     const TensorView in[3] = {inputs.begin()[0], inputs.begin()[1], inputs.begin()[2]};
     invariance->check_layer(l.name(), l.group, *g.backend, g.spec, g.config, step_args, num_blocks, in, out,
                             forward);
+  };
+  // --dcp: the layer's step on every rank (one thread each); rank 0 writes `out`.
+  auto dcp_step = [&](LayerState& l, std::initializer_list<TensorView> inputs, const TensorView& out) {
+    const TensorView in[3] = {inputs.begin()[0], inputs.begin()[1], inputs.begin()[2]};
+    const int n = o.dcp_world_size;
+    GroupState& g = groups[static_cast<size_t>(l.group)];
+    std::vector<Tensor> rank_out;
+    for (int r = 1; r < n; ++r) rank_out.emplace_back(out.shape(), out.dtype(), Device::cpu);
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          const TensorView o_r = r == 0 ? out : rank_out[static_cast<size_t>(r - 1)].view();
+          AttentionMetadataBuilder& b = r == 0 ? *g.builder : *g.rank_builders[static_cast<size_t>(r - 1)];
+          const TensorView cache = r == 0 ? l.cache.view() : l.rank_caches[static_cast<size_t>(r - 1)].view();
+          DcpCommunicator& comm = *dcp_group[static_cast<size_t>(r)];
+          if (l.mla) {
+            MLAAttention& layer = r == 0 ? *l.mla : *l.rank_mla[static_cast<size_t>(r - 1)];
+            dcp_forward(layer, b, comm, dcp_config(r), args, in[0], in[1], in[2], cache, o_r);
+          } else {
+            Attention& layer = r == 0 ? *l.layer : *l.rank_layers[static_cast<size_t>(r - 1)];
+            dcp_forward(layer, b, comm, dcp_config(r), args, in[0], in[1], in[2], cache, o_r);
+          }
+        } catch (...) {
+          errors[static_cast<size_t>(r)] = std::current_exception();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
   };
   std::uniform_int_distribution<int64_t> offset_dist(0, pool_slack / 64 - 1);
   const size_t esize = dtype_size(o.dtype);
@@ -635,7 +719,11 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
       TensorView out(output.data(), o.dtype, Shape{num_tokens, hq, vdim}, o.device);
       if (check_step) output.fill_bytes(0xFF);  // every element must be written
       auto t0 = Clock::now();
-      l.mla->forward(q, kv_c, k_pe, l.cache.view(), *metadata[static_cast<size_t>(l.group)], out);
+      if (dcp()) {
+        dcp_step(l, {q, kv_c, k_pe}, out);
+      } else {
+        l.mla->forward(q, kv_c, k_pe, l.cache.view(), *metadata[static_cast<size_t>(l.group)], out);
+      }
       if (o.device == Device::cuda) synchronize_cuda();
       const double seconds = seconds_since(t0);
       rec.forward_seconds += seconds;
@@ -664,7 +752,11 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
     if (check_step) output.fill_bytes(0xFF);  // every element must be written
 
     auto t0 = Clock::now();
-    ctx.forward(*l.layer, q, k, v, out);
+    if (dcp()) {
+      dcp_step(l, {q, k, v}, out);
+    } else {
+      ctx.forward(*l.layer, q, k, v, out);
+    }
     if (o.device == Device::cuda) synchronize_cuda();
     const double seconds = seconds_since(t0);
     rec.forward_seconds += seconds;
@@ -713,6 +805,7 @@ RunReport Simulation::run(std::ostream* progress) {
   report.threads = s.threads;
   report.num_blocks = s.scheduler->config().num_blocks;
   report.kv_cache_bytes = s.kv_cache_bytes;
+  report.kv_cache_bytes_per_rank = s.kv_cache_bytes_per_rank;
   report.num_requests = static_cast<int>(s.scheduler->requests().size());
   report.requested_tokens = s.scheduler->requested_tokens();
   report.check_enabled = s.check;

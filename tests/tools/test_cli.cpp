@@ -115,6 +115,35 @@ TEST(CliRun, SpeculativeDecodingChecksAndReportsAcceptedTokens) {
   EXPECT_NE(r.out.find("2 drafts per decode"), std::string::npos) << r.out;
 }
 
+// run --dcp N: every layer's cache striped over N ranks (threads), rank 0's output checked against
+// the unsharded REFERENCE layer; the report gives the KV memory per rank (1/N); layers DCP cannot
+// run and a bad interleave are usage errors naming the flag.
+TEST(CliRun, DecodeContextParallelRanksMatchReference) {
+  std::filesystem::path json = std::filesystem::temp_directory_path() / "pagedattn_cli_test_dcp.json";
+  CliResult r = cli({"run", "--preset", "llama3-8b", "--layers", "1", "--num-requests", "4", "--prompt-len",
+                     "uniform:16:80", "--output-len", "uniform:3:6", "--dcp", "2", "--check", "--check-interval", "2",
+                     "--no-peaks", "--quiet", "--json", json.string()});
+  ASSERT_EQ(r.code, kExitOk) << r.err << r.out;
+  EXPECT_NE(r.out.find("check passed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode context parallelism: 2 ranks"), std::string::npos) << r.out;
+  std::ifstream in(json);
+  nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["options"]["dcp_world_size"], 2);
+  EXPECT_EQ(j["options"]["kv_cache_bytes_per_rank"].get<int64_t>() * 2, j["options"]["kv_cache_bytes"].get<int64_t>());
+  std::filesystem::remove(json);
+  r = cli({"run", "--preset", "deepseek-v3", "--layers", "1", "--tp", "8", "--backend", "CPU_MLA", "--num-requests", "3",
+           "--prompt-len", "uniform:8:40", "--output-len", "uniform:2:5", "--dcp", "3", "--dcp-interleave", "16",
+           "--check", "--check-interval", "1", "--no-peaks", "--quiet"});
+  EXPECT_EQ(r.code, kExitOk) << r.err << r.out;
+  EXPECT_NE(r.out.find("check passed"), std::string::npos) << r.out;
+  r = cli({"run", "--dcp", "2", "--no-peaks", "--quiet"});
+  EXPECT_EQ(r.code, kExitUsage) << r.err;
+  EXPECT_NE(r.err.find("--dcp"), std::string::npos) << r.err;
+  r = cli({"run", "--preset", "llama3-8b", "--layers", "1", "--dcp", "2", "--dcp-interleave", "5", "--no-peaks"});
+  EXPECT_EQ(r.code, kExitUsage) << r.err;
+  EXPECT_NE(r.err.find("--dcp-interleave"), std::string::npos) << r.err;
+}
+
 TEST(Simulation, FinishesEveryRequestFreesEveryBlockAndMatchesReference) {
   RunOptions o;
   o.preset = "gpt-oss-20b";  // sinks, sliding window 128 and full layers, GQA 64/8
