@@ -156,7 +156,7 @@ Command add_run_command(CLI::App& parent) {
                   "the KV memory per rank. Host only; not for layers with sliding windows, chunked local attention, "
                   "sinks or ALiBi")
       ->capture_default_str()
-      ->check(integer_option(1, kMaxTensorParallel))
+      ->check(integer_option(1, kMaxDcpRanks))
       ->group(sched);
   app->add_option("--dcp-interleave", f->dcp_interleave,
                   "--dcp: tokens of one stripe (vLLM's cp_kv_cache_interleave_size; divides --block-size)")

@@ -29,6 +29,7 @@ inline constexpr int64_t kMaxNumSeqs = 65536;
 inline constexpr int64_t kMaxBatchedTokens = 1 << 20;    // token budget of one step
 inline constexpr int64_t kMaxNumRequests = 1000000;
 inline constexpr int64_t kMaxTensorParallel = 1024;
+inline constexpr int64_t kMaxDcpRanks = 64;             // --dcp: one thread and one set of caches each
 inline constexpr int64_t kMaxNumBlocks = 1 << 30;        // also bounded by memory (run_checks.h)
 inline constexpr int64_t kMaxHeadSize = 65536;
 inline constexpr int64_t kMaxInt = 2147483647;           // counts without a tighter limit

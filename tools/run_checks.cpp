@@ -68,7 +68,7 @@ void validate_run_options(const RunOptions& o) {
   check_range("--long-prefill-token-threshold", o.long_prefill_token_threshold, 0, kMaxTokens);
   check_range("--max-steps", o.max_steps, 0, kMaxInt);
   check_range("--check-interval", o.check_interval, 1, kMaxInt);
-  check_range("--dcp", o.dcp_world_size, 1, kMaxTensorParallel);
+  check_range("--dcp", o.dcp_world_size, 1, kMaxDcpRanks);
   check_range("--dcp-interleave", o.dcp_interleave, 1, kMaxBlockSize);
   if (o.dcp_world_size > 1 || o.dcp_interleave > 1) {
     if (o.block_size % o.dcp_interleave != 0) {

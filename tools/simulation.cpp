@@ -416,8 +416,9 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   sc.num_speculative_tokens = o.num_speculative_tokens;
   sc.spec_acceptance_rate = o.spec_acceptance_rate;
   sc.spec_seed = o.seed ^ 0x5bec5bec5bec5becull;
-  int64_t page_bytes = 0;  // one block in every layer's cache
+  int64_t page_bytes = 0;  // one block in every layer's cache (--dcp: on every rank)
   for (const LayerState& l : s.layers) page_bytes += l.kv_cache_spec().page_size_bytes();
+  page_bytes *= o.dcp_world_size;
   if (o.num_blocks > 0) {
     sc.num_blocks = o.num_blocks;
   } else {

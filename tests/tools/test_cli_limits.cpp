@@ -101,6 +101,11 @@ TEST(CliLimits, EveryNumericOptionOfRun) {
            {run_args({"--check-interval", "0"}), {"--check-interval", "'0'", "2147483647"}},
            {run_args({"--max-steps", "99999999999"}), {"--max-steps", "99999999999", "2147483647"}},
            {run_args({"--num-blocks", "-1"}), {"--num-blocks", "-1", "1073741824"}},
+           {run_args({"--dcp", "65"}), {"--dcp", "65", "64"}},
+           {run_args({"--dcp", "0"}), {"--dcp", "'0'", "64"}},
+           {run_args({"--dcp-interleave", "0"}), {"--dcp-interleave", "'0'", "65536"}},
+           {run_args({"--num-speculative-tokens", "-1"}), {"--num-speculative-tokens", "-1", "536870911"}},
+           {run_args({"--spec-acceptance-rate", "1.5"}), {"--spec-acceptance-rate", "1.5", "1"}},
        }) {
     expect_usage_error(c);
   }
