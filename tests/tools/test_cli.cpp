@@ -18,6 +18,7 @@
 #include "cli_test_util.h"
 #include "commands.h"
 #include "pagedattn/pagedattn.h"
+#include "sanitized_build.h"
 #include "simulation.h"
 
 namespace pagedattn::cli {
@@ -86,8 +87,10 @@ TEST(CliRun, DefaultPresetChecksAndWritesJson) {
 // give the drafts and accepted tokens, and the token accounting holds.
 TEST(CliRun, SpeculativeDecodingChecksAndReportsAcceptedTokens) {
   std::filesystem::path json = std::filesystem::temp_directory_path() / "pagedattn_cli_test_spec.json";
+  // Under ASan every other step is checked (each REFERENCE re-run costs ~10x there).
+  const char* interval = test_env::kSanitizedBuild ? "2" : "1";
   CliResult r = cli({"run", "--num-requests", "6", "--prompt-len", "uniform:16:96", "--output-len", "uniform:6:20",
-                     "--num-speculative-tokens", "3", "--spec-acceptance-rate", "0.6", "--check-interval", "1",
+                     "--num-speculative-tokens", "3", "--spec-acceptance-rate", "0.6", "--check-interval", interval,
                      "--no-peaks", "--quiet", "--json", json.string()});
   ASSERT_EQ(r.code, kExitOk) << r.err << r.out;
   EXPECT_NE(r.out.find("check passed"), std::string::npos) << r.out;
@@ -133,7 +136,7 @@ TEST(CliRun, DecodeContextParallelRanksMatchReference) {
   std::filesystem::remove(json);
   r = cli({"run", "--preset", "deepseek-v3", "--layers", "1", "--tp", "8", "--backend", "CPU_MLA", "--num-requests", "3",
            "--prompt-len", "uniform:8:40", "--output-len", "uniform:2:5", "--dcp", "3", "--dcp-interleave", "16",
-           "--check", "--check-interval", "1", "--no-peaks", "--quiet"});
+           "--check", "--check-interval", test_env::kSanitizedBuild ? "2" : "1", "--no-peaks", "--quiet"});
   EXPECT_EQ(r.code, kExitOk) << r.err << r.out;
   EXPECT_NE(r.out.find("check passed"), std::string::npos) << r.out;
   r = cli({"run", "--dcp", "2", "--no-peaks", "--quiet"});
