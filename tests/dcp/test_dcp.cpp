@@ -253,8 +253,9 @@ TEST(DcpEmulation, StandardLayerMatchesTheUnshardedRun) {
                       step == 0 ? TensorView{} : ref_lse.view());
       }
     }
-    for (const auto& [n, interleave] : emulated_groups()) {
+    for (const std::pair<int, int>& group_shape : emulated_groups()) {
       {
+        const int n = group_shape.first, interleave = group_shape.second;  // (lambdas below capture them)
         SCOPED_TRACE("batch " + std::to_string(b) + " N " + std::to_string(n) + " I " + std::to_string(interleave));
         const auto group = make_in_memory_dcp_group(n);
         std::vector<Tensor> outs, lses;
@@ -352,8 +353,9 @@ TEST(DcpEmulation, MlaLayerMatchesTheUnshardedRun) {
     };
     std::vector<Tensor> ref_out, ref_lse;
     run(1, 1, ref_out, ref_lse);
-    for (const auto& [n, interleave] : emulated_groups()) {
+    for (const std::pair<int, int>& group_shape : emulated_groups()) {
       {
+        const int n = group_shape.first, interleave = group_shape.second;  // (lambdas below capture them)
         SCOPED_TRACE("batch " + std::to_string(b) + " N " + std::to_string(n) + " I " + std::to_string(interleave));
         std::vector<Tensor> outs, lses;
         run(n, interleave, outs, lses);
