@@ -4,14 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <exception>
 #include <ostream>
 #include <random>
 #include <span>
-#include <thread>
 
 #include "cli_common.h"
 #include "option_limits.h"
+#include "progress.h"
 #include "pagedattn/pagedattn.h"
 #include "run_checks.h"
 #include "work_model.h"
@@ -109,50 +108,6 @@ void fill_normal(Tensor& t, uint64_t seed, float stddev = 1.f) {
   for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), t.dtype(), i, normal(rng));
 }
 
-// Progress on stderr: a bar redrawn in place on a terminal, otherwise a line every 10% of the
-// requests (and at the end).
-class Progress {
- public:
-  Progress(std::ostream* os, int total_requests, bool tty)
-      : os_(os), total_(total_requests), tty_(tty), last_draw_(Clock::now()) {}
-  void update(const SchedulerStats& s, bool force = false) {
-    if (!os_) return;
-    if (tty_) {
-      if (!force && std::chrono::duration<double>(Clock::now() - last_draw_).count() < 0.1) return;
-      last_draw_ = Clock::now();
-      const int width = 30;
-      int filled = total_ ? width * s.finished_requests / total_ : width;
-      *os_ << "\r[" << std::string(static_cast<size_t>(filled), '#')
-           << std::string(static_cast<size_t>(width - filled), '.') << "] step " << s.steps << " | "
-           << format_count(s.scheduled_tokens) << " tokens | " << s.finished_requests << "/" << total_
-           << " requests done" << std::flush;
-      drawn_ = true;
-    } else {
-      int decile = total_ ? 10 * s.finished_requests / total_ : 10;
-      if (!force && decile <= last_decile_) return;
-      last_decile_ = decile;
-      *os_ << "pagedattn run: step " << s.steps << ", " << format_count(s.scheduled_tokens) << " tokens, "
-           << s.finished_requests << "/" << total_ << " requests done\n";
-    }
-  }
-  void finish(const SchedulerStats& s) {
-    if (!os_) return;
-    if (tty_) {
-      update(s, true);
-      if (drawn_) *os_ << "\n";
-    } else if (last_decile_ < 10) {
-      update(s, true);  // stopped early (--max-steps): say where
-    }
-  }
-
- private:
-  std::ostream* os_;
-  int total_;
-  bool tty_;
-  bool drawn_ = false;
-  int last_decile_ = 0;
-  Clock::time_point last_draw_;
-};
 
 // "sliding_window 128, kv 2 x 64 bfloat16, 8 KiB/block"
 std::string spec_summary(const KVCacheSpec& spec) {
@@ -166,34 +121,6 @@ std::string spec_summary(const KVCacheSpec& spec) {
 }
 
 }  // namespace
-
-double check_tolerance(DType dtype, const std::string& kv_cache_dtype) {
-  DType kv = kv_cache_storage_dtype(kv_cache_dtype, dtype);
-  if (is_fp8(kv)) return 6e-2;
-  double t = 1e-5;
-  for (DType d : {dtype, kv}) {
-    if (d == DType::f16) t = std::max(t, 2e-3);
-    if (d == DType::bf16) t = std::max(t, 8e-3);
-  }
-  return t;
-}
-
-double output_relative_error(const TensorView& out, const TensorView& ref) {
-  PAGEDATTN_CHECK(out.numel() == ref.numel() && out.is_contiguous() && ref.is_contiguous() &&
-                      out.device() == Device::cpu && ref.device() == Device::cpu,
-                  "out", "output_relative_error: out ", out.describe(), " and ref ", ref.describe(),
-                  " must be contiguous host tensors of the same size");
-  double diff = 0, norm = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    double o = load_f64(out.data(), out.dtype(), i);
-    double r = load_f64(ref.data(), ref.dtype(), i);
-    if (!std::isfinite(o)) return INFINITY;
-    diff += (o - r) * (o - r);
-    norm += r * r;
-  }
-  if (norm == 0) return std::sqrt(diff);
-  return std::sqrt(diff / norm);
-}
 
 struct Simulation::State {
   RunOptions options;
@@ -656,31 +583,19 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
     GroupState& g = groups[static_cast<size_t>(l.group)];
     std::vector<Tensor> rank_out;
     for (int r = 1; r < n; ++r) rank_out.emplace_back(out.shape(), out.dtype(), Device::cpu);
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          const TensorView o_r = r == 0 ? out : rank_out[static_cast<size_t>(r - 1)].view();
-          AttentionMetadataBuilder& b = r == 0 ? *g.builder : *g.rank_builders[static_cast<size_t>(r - 1)];
-          const TensorView cache = r == 0 ? l.cache.view() : l.rank_caches[static_cast<size_t>(r - 1)].view();
-          DcpCommunicator& comm = *dcp_group[static_cast<size_t>(r)];
-          if (l.mla) {
-            MLAAttention& layer = r == 0 ? *l.mla : *l.rank_mla[static_cast<size_t>(r - 1)];
-            dcp_forward(layer, b, comm, dcp_config(r), args, in[0], in[1], in[2], cache, o_r);
-          } else {
-            Attention& layer = r == 0 ? *l.layer : *l.rank_layers[static_cast<size_t>(r - 1)];
-            dcp_forward(layer, b, comm, dcp_config(r), args, in[0], in[1], in[2], cache, o_r);
-          }
-        } catch (...) {
-          errors[static_cast<size_t>(r)] = std::current_exception();
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    for (const std::exception_ptr& e : errors) {
-      if (e) std::rethrow_exception(e);
-    }
+    run_dcp_ranks(n, [&](int r) {
+      const TensorView o_r = r == 0 ? out : rank_out[static_cast<size_t>(r - 1)].view();
+      AttentionMetadataBuilder& b = r == 0 ? *g.builder : *g.rank_builders[static_cast<size_t>(r - 1)];
+      const TensorView cache = r == 0 ? l.cache.view() : l.rank_caches[static_cast<size_t>(r - 1)].view();
+      DcpCommunicator& comm = *dcp_group[static_cast<size_t>(r)];
+      if (l.mla) {
+        MLAAttention& layer = r == 0 ? *l.mla : *l.rank_mla[static_cast<size_t>(r - 1)];
+        dcp_forward(layer, b, comm, dcp_config(r), args, in[0], in[1], in[2], cache, o_r);
+      } else {
+        Attention& layer = r == 0 ? *l.layer : *l.rank_layers[static_cast<size_t>(r - 1)];
+        dcp_forward(layer, b, comm, dcp_config(r), args, in[0], in[1], in[2], cache, o_r);
+      }
+    });
   };
   std::uniform_int_distribution<int64_t> offset_dist(0, pool_slack / 64 - 1);
   const size_t esize = dtype_size(o.dtype);

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -75,6 +76,9 @@ class DcpCommunicator {
 // N ranks in one process (one thread each, host tensors): the communicators of one group. The
 // emulation CI runs DCP on.
 std::vector<std::unique_ptr<DcpCommunicator>> make_in_memory_dcp_group(int world_size);
+// Runs body(rank) for rank 0 .. world_size - 1, one thread each (the ranks of an in-memory group
+// block in all_gather until all have arrived), joins them, and rethrows the lowest rank's exception.
+void run_dcp_ranks(int world_size, const std::function<void(int)>& body);
 
 // One rank's combine: all-gathers (local_out (T, H, Dv), local_lse (H, T) f32) and merges them
 // into out (T, H, Dv) and, when given, lse (H, T).

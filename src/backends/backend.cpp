@@ -59,10 +59,10 @@ Tensor AttentionBackend::allocate_kv_cache(int64_t num_blocks, int block_size, i
 }
 
 void DcpConfig::validate(int block_size) const {
-  PAGEDATTN_CHECK(world_size >= 1, "dcp.world_size", "DCP: world_size = ", world_size, " must be >= 1");
-  PAGEDATTN_CHECK(rank >= 0 && rank < world_size, "dcp.rank", "DCP: rank = ", rank, " must be in [0, world_size = ",
-                  world_size, ")");
-  PAGEDATTN_CHECK(interleave >= 1 && block_size % interleave == 0, "dcp.interleave", "DCP: interleave = ",
+  PAGEDATTN_CHECK(world_size >= 1, "dcp.world_size", "DCP: dcp.world_size = ", world_size, " must be >= 1");
+  PAGEDATTN_CHECK(rank >= 0 && rank < world_size, "dcp.rank", "DCP: dcp.rank = ", rank,
+                  " must be in [0, world_size = ", world_size, ")");
+  PAGEDATTN_CHECK(interleave >= 1 && block_size % interleave == 0, "dcp.interleave", "DCP: dcp.interleave = ",
                   interleave, " must be >= 1 and divide the block size ", block_size,
                   " (a block holds whole interleave groups)");
 }

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <numeric>
 #include <vector>
 
@@ -195,8 +197,8 @@ void run_on_rank(AttentionMetadataBuilder& builder, DcpCommunicator& comm, const
 void merge_attn_states_n(std::span<const TensorView> outs, std::span<const TensorView> lses, const TensorView& out,
                          const TensorView& out_lse) {
   constexpr const char* kWho = "merge_attn_states_n";
-  PAGEDATTN_CHECK(!outs.empty() && outs.size() == lses.size(), "outs", kWho, ": ", outs.size(), " outputs and ",
-                  lses.size(), " LSEs: expected the same number, at least one");
+  PAGEDATTN_CHECK(!outs.empty() && outs.size() == lses.size(), "outs", kWho, ": outs has ", outs.size(),
+                  " entries and lses ", lses.size(), ": expected the same number, at least one");
   check_host(out, "out", kWho);
   PAGEDATTN_CHECK(out.ndim() == 3, "out", kWho, ": out is ", out.describe(), ", expected (T, H, D)");
   const int64_t t = out.size(0), h = out.size(1), d = out.size(2);
@@ -250,6 +252,25 @@ std::vector<std::unique_ptr<DcpCommunicator>> make_in_memory_dcp_group(int world
   std::vector<std::unique_ptr<DcpCommunicator>> group;
   for (int r = 0; r < world_size; ++r) group.push_back(std::make_unique<InMemoryCommunicator>(state, r));
   return group;
+}
+
+void run_dcp_ranks(int world_size, const std::function<void(int)>& body) {
+  PAGEDATTN_CHECK(world_size >= 1, "world_size", "run_dcp_ranks: world_size = ", world_size, " must be >= 1");
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world_size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 void dcp_combine(DcpCommunicator& comm, const TensorView& local_out, const TensorView& local_lse,

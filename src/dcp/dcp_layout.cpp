@@ -43,12 +43,25 @@ DcpLocalStep make_dcp_local_step(const CommonAttentionMetadataArgs& global, cons
   a.query_start_loc = {0};
   a.max_num_blocks_per_req = cols;
   a.causal = true;
-  // One local request: rows [first, last] of global request r over the local keys [0, local_len).
-  const auto add_request = [&](int r, int first, int last, int32_t local_len) {
+  // One local request: rows [first, last] of global request r (first at position first_pos + first)
+  // over the local keys [0, local_len). A row's slot: where its token sits in the physical block its
+  // virtual block names, on the owner only.
+  const auto add_request = [&](int r, int64_t first_pos, int first, int last, int32_t local_len) {
     a.seq_lens.push_back(local_len);
-    a.block_table.insert(a.block_table.end(), global.block_table.begin() + static_cast<int64_t>(r) * cols,
-                         global.block_table.begin() + static_cast<int64_t>(r + 1) * cols);
-    for (int i = first; i <= last; ++i) step.rows.push_back(global.query_start_loc[r] + i);
+    const auto row = global.block_table.begin() + static_cast<int64_t>(r) * cols;
+    a.block_table.insert(a.block_table.end(), row, row + cols);
+    for (int i = first; i <= last; ++i) {
+      step.rows.push_back(global.query_start_loc[r] + i);
+      const int64_t pos = first_pos + i;
+      if (dcp_owner(pos, c) != c.rank) {
+        a.slot_mapping.push_back(-1);
+        continue;
+      }
+      const int64_t vb = pos / virtual_block;
+      PAGEDATTN_CHECK(vb < cols, "global.block_table", "DCP: request ", r, " token ", pos, " needs virtual block ", vb,
+                      " but the block table has ", cols, " columns (", virtual_block, " tokens each)");
+      a.slot_mapping.push_back(int64_t{row[vb]} * block_size + dcp_local_position(pos, c) % block_size);
+    }
     a.query_start_loc.push_back(a.query_start_loc.back() + (last - first + 1));
   };
   for (int r = 0; r < num_reqs; ++r) {
@@ -67,28 +80,12 @@ DcpLocalStep make_dcp_local_step(const CommonAttentionMetadataArgs& global, cons
         continue;
       }
       if (open >= 0) {
-        add_request(r, open, i - 1, dcp_local_seq_len(pos, c));
+        add_request(r, first_pos, open, i - 1, dcp_local_seq_len(pos, c));
         open = -1;
       }
-      if (const int32_t keys = dcp_local_seq_len(pos + 1, c); keys > 0) add_request(r, i, i, keys);
+      if (const int32_t keys = dcp_local_seq_len(pos + 1, c); keys > 0) add_request(r, first_pos, i, i, keys);
     }
-    if (open >= 0) add_request(r, open, q - 1, dcp_local_seq_len(first_pos + q, c));
-  }
-  // Slots: a held token's local position in the physical block its virtual block names.
-  for (int32_t row : step.rows) {
-    const int r = static_cast<int>(std::upper_bound(global.query_start_loc.begin(), global.query_start_loc.end(), row) -
-                                   global.query_start_loc.begin()) - 1;
-    const int64_t pos = int64_t{global.seq_lens[r]} - (global.query_start_loc[r + 1] - global.query_start_loc[r]) +
-                        (row - global.query_start_loc[r]);
-    if (dcp_owner(pos, c) != c.rank) {
-      a.slot_mapping.push_back(-1);
-      continue;
-    }
-    const int64_t vb = pos / virtual_block;
-    PAGEDATTN_CHECK(vb < cols, "global.block_table", "DCP: request ", r, " token ", pos, " needs virtual block ", vb,
-                    " but the block table has ", cols, " columns (", virtual_block, " tokens each)");
-    const int32_t block = global.block_table[static_cast<size_t>(r) * static_cast<size_t>(cols) + static_cast<size_t>(vb)];
-    a.slot_mapping.push_back(int64_t{block} * block_size + dcp_local_position(pos, c) % block_size);
+    if (open >= 0) add_request(r, first_pos, open, q - 1, dcp_local_seq_len(first_pos + q, c));
   }
   return step;
 }

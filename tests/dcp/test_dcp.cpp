@@ -11,14 +11,13 @@
 #include <cmath>
 #include <functional>
 #include <cstring>
-#include <exception>
 #include <limits>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "backends/ops_test_util.h"
 #include "pagedattn/pagedattn.h"
 #include "sanitized_build.h"
 
@@ -27,14 +26,7 @@ namespace {
 
 constexpr int kBlock = 16;
 
-void expect_error(const std::function<void()>& fn, const std::string& argument) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error naming " << argument;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-  }
-}
+using testing_ops::expect_error;
 
 TEST(DcpLayout, OwnersLocalPositionsAndLengthsMatchACount) {
   for (int n : {1, 2, 3, 4}) {
@@ -174,25 +166,6 @@ double rel_error(const Tensor& a, const Tensor& b) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-// Runs body(rank) on n threads, rethrowing the first exception.
-void on_ranks(int n, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
-
 // The (N, interleave) pairs of the emulation: all six in Release; under ASan (which looks for memory
 // errors, the same on every pair) the three that still cover N = 2, 3, 4 and both interleaves.
 std::vector<std::pair<int, int>> emulated_groups() {
@@ -263,7 +236,7 @@ TEST(DcpEmulation, StandardLayerMatchesTheUnshardedRun) {
           outs.emplace_back(Shape{tokens, 8, 64}, DType::f32, Device::cpu);
           lses.emplace_back(Shape{8, tokens}, DType::f32, Device::cpu);
         }
-        on_ranks(n, [&](int r) {
+        run_dcp_ranks(n, [&](int r) {
           const DcpConfig c{n, r, interleave};
           AttentionLayerParams rank_params = p;
           rank_params.dcp = c;
@@ -329,7 +302,7 @@ TEST(DcpEmulation, MlaLayerMatchesTheUnshardedRun) {
         outs.emplace_back(Shape{tokens, 4, 32}, DType::f32, Device::cpu);
         lses.emplace_back(Shape{4, tokens}, DType::f32, Device::cpu);
       }
-      on_ranks(n, [&](int r) {
+      run_dcp_ranks(n, [&](int r) {
         MLAAttentionLayerParams rank_params = p;
         rank_params.dcp = DcpConfig{n, r, interleave};
         MLAAttention layer(rank_params);

@@ -389,6 +389,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   // Epilogue: normalized rows straight from registers (16-bit pairs, or f32 partials for a split).
   const bool split = ctx.item.partial_row >= 0;
 #pragma unroll
+  const bool fp8_out = p.output_scale != nullptr;
+  const float q = output_quant_factor(p.output_scale);
   for (int e = 0; e < 2; ++e) {
     const int r = r0 + 8 * e;
     const float lsum = quad_sum(l[e]);
@@ -405,8 +407,6 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       if (quad_col == 0) p.partial_lse[ctx.item.partial_row + r] = lse;
     } else {
       const int64_t dst = row_token(ctx, r) * p.o_token_stride + row_head(ctx, r) * p.o_head_stride + 2 * quad_col;
-      const bool fp8_out = p.output_scale != nullptr;
-      const float q = output_quant_factor(p.output_scale);
 #pragma unroll
       for (int d = 0; d < D / 8; ++d) {
         store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, fp8_out, q);
