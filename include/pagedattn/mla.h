@@ -166,7 +166,8 @@ class MLAPrefillBackend {
   explicit MLAPrefillBackend(MLAPrefillParams params) : params_(params) {}
   virtual ~MLAPrefillBackend() = default;
   virtual std::string_view get_name() const = 0;
-  // Whether run_prefill_new_tokens writes quantized output itself (none does today).
+  // Whether run_prefill_new_tokens writes quantized output itself (none does today: MLACommonImpl
+  // then writes the prefill rows to a staging buffer and quantizes them in one pass).
   virtual bool supports_quant_output(const QuantKey& /*quant_key*/) const { return false; }
   // Called before the layers of a step run (the plan's prefill part, kept by pointer).
   virtual void prepare_metadata(const MLAPrefillMetadata& prefill_metadata) {
@@ -258,18 +259,23 @@ class MLAAttentionImpl {
                                   const AttentionMetadata& metadata) = 0;
   // q (T, H, P + R); kv_c_normed (T, L) and k_pe (T, R) / (T, 1, R) of this step's tokens (read by
   // prefill; the cache already holds them); output (T, H, V) or (T, H * V) in the activation
-  // dtype, every one of the first num_actual_tokens rows written; output_lse (H, T) f32 natural
-  // log of every row when defined.
+  // dtype, or fp8_e4m3 holding saturate_e4m3(o / output_scale[0]) when output_scale (f32 (1,) on
+  // the impl's device; only impls with fused_output_quant_supported) is given, every one of the
+  // first num_actual_tokens rows written; output_lse (H, T) f32 natural log of every row when
+  // defined. The argument order is AttentionImpl's (output_scale before output_lse).
   virtual void forward(const LayerScales& scales, const TensorView& q, const TensorView& kv_c_normed,
                        const TensorView& k_pe, const TensorView& kv_cache,
                        const AttentionMetadata& metadata, const TensorView& output,
-                       const TensorView& output_lse = {}) = 0;
+                       const TensorView& output_scale = {}, const TensorView& output_lse = {}) = 0;
   // Every check forward() makes, with no side effect: the layer calls it before
   // do_kv_cache_update, so a call forward would reject leaves the cache byte-identical.
   virtual void check_forward(const LayerScales& scales, const TensorView& q,
                              const TensorView& kv_c_normed, const TensorView& k_pe,
                              const TensorView& kv_cache, const AttentionMetadata& metadata,
-                             const TensorView& output, const TensorView& output_lse = {}) const = 0;
+                             const TensorView& output, const TensorView& output_scale = {},
+                             const TensorView& output_lse = {}) const = 0;
+  // Whether forward accepts output_scale (fused fp8 output quantization, as AttentionImpl).
+  virtual bool fused_output_quant_supported(const QuantKey& /*key*/) const { return false; }
   virtual bool can_return_lse_for_decode() const { return true; }
   bool need_to_return_lse_for_decode() const { return params_.dcp.world_size > 1 && can_return_lse_for_decode(); }
   // The prefill backend this impl runs its prefill tokens with.
@@ -314,10 +320,17 @@ struct MLAAttentionLayerParams {
   Device device = Device::cpu;
   std::string backend;                      // "" = select; else force this MLA backend
   std::string prefill_backend;              // "" = select; else force this prefill backend
+  // The layer's forwards will be given output_scale (fused fp8 e4m3 output, vLLM's fusion of
+  // attention with a static per-tensor fp8 quantization): the selector then takes only a backend
+  // whose impl supports it (SelectorConfig::fp8_output: REFERENCE_MLA, CUDA_MLA; a forced backend
+  // without it is an Error). A layer without it may still pass output_scale to a backend that
+  // supports it.
+  bool fp8_output = false;
+  DcpConfig dcp;                            // the decode-context-parallel group (pagedattn/dcp.h)
 
   MLADimensions dims() const {
     return {kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim};
-  }  DcpConfig dcp;                       // the decode-context-parallel group (pagedattn/dcp.h)
+  }
 };
 
 class StaticForwardContext;  // layer.h
@@ -348,9 +361,13 @@ class MLAAttention {
   // MLAAttentionImpl. Must be called once before forward.
   void process_weights_after_loading(const TensorView& kv_b_proj_weight);
   // Checks the activations, writes the cache (unless sharing), attends (see MLAAttentionImpl).
+  // output in the layer dtype, or fp8_e4m3 when output_scale (f32 (1,) on the layer's device) is
+  // given (then the impl must support fused output quantization; argument order as Attention).
+  // Every argument is checked before the cache write: a rejected call leaves it byte-identical.
   void forward(const TensorView& q, const TensorView& kv_c_normed, const TensorView& k_pe,
                const TensorView& kv_cache, const AttentionMetadata& metadata,
-               const TensorView& output, const TensorView& output_lse = {});
+               const TensorView& output, const TensorView& output_lse = {},
+               const TensorView& output_scale = {});
 
  private:
   MLAAttentionLayerParams params_;

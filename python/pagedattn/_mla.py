@@ -63,6 +63,10 @@ class MLAAttention(_C._MLAAttention):
             None = ``get_mla_prefill_backend``'s choice (env ``PAGEDATTN_MLA_PREFILL_BACKEND``).
         static_forward_context: the model's ``StaticForwardContext``: the layer registers itself
             there and its sharing target is checked against it (see ``Attention``).
+        fp8_output: the layer's forwards will pass ``output_scale`` (fused fp8 e4m3 output,
+            ``output = attention / output_scale``): the selector takes only a backend that
+            supports it (CUDA_MLA, REFERENCE_MLA; CPU_MLA does not); a forced backend without it
+            raises.
 
     Attributes:
         backend: the selected ``AttentionBackend``; prefill_backend: the prefill backend's name;
@@ -102,6 +106,7 @@ class MLAAttention(_C._MLAAttention):
         prefill_backend: Optional[str] = None,
         *,
         static_forward_context: Optional[_C.StaticForwardContext] = None,
+        fp8_output: bool = False,
     ) -> None:
         super().__init__(
             _tensors.int32_arg(num_heads, "num_heads"),
@@ -120,6 +125,7 @@ class MLAAttention(_C._MLAAttention):
             backend,
             prefill_backend,
             static_forward_context,
+            bool(fp8_output),
         )
         self._kv_b_proj = None
         if kv_b_proj is not None:
@@ -203,6 +209,7 @@ class MLAAttention(_C._MLAAttention):
         output: Any = None,
         output_lse: Any = None,
         return_lse: bool = False,
+        output_scale: Any = None,
     ) -> Any:
         """Writes ``[kv_c_normed, k_pe]`` into ``kv_cache`` at ``attn_metadata``'s slot mapping
         (unless this layer shares another layer's cache), then attends.
@@ -214,6 +221,10 @@ class MLAAttention(_C._MLAAttention):
         object is returned); None allocates ``(T, H, V)`` beside ``q``.
         output_lse: optional float32 ``(H, T)`` buffer for the log-sum-exp (natural log) of
         every row; return_lse=True allocates one. With either, returns ``(output, lse)``.
+        output_scale: float32 ``(1,)`` tensor on the layer's device: write an fp8_e4m3 output
+        ``saturate(o / scale)`` (only backends with the "fp8_output" feature; the output, given
+        or allocated, is then float8_e4m3fn). On CUDA the scale is read on the device: one that is
+        not positive and finite writes NaN; on the CPU it raises.
 
         Only the first ``attn_metadata.num_actual_tokens`` rows are defined (the rest padding).
         With an fp8 cache, decode tokens read every key from the cache (quantized, their own
@@ -225,12 +236,13 @@ class MLAAttention(_C._MLAAttention):
                                  "MLAAttentionMetadata of this layer's metadata_builder().build(common)")
         t = _tensors.num_tokens(q, "q")
         if output is None:
-            output = _tensors.empty_like(q, (t, self.num_heads, self.v_head_dim), self.dtype, "q")
+            dtype = "float8_e4m3fn" if output_scale is not None else self.dtype
+            output = _tensors.empty_like(q, (t, self.num_heads, self.v_head_dim), dtype, "q")
         lse = output_lse
         if lse is None and return_lse:
             lse = _tensors.empty_like(q, (self.num_heads, t), "float32", "q")
         _tensors.use_stream_of(q)
-        self._forward(q, kv_c_normed, k_pe, kv_cache, attn_metadata, output, lse)
+        self._forward(q, kv_c_normed, k_pe, kv_cache, attn_metadata, output, lse, output_scale)
         return (output, lse) if lse is not None else output
 
     def __repr__(self) -> str:

@@ -304,7 +304,7 @@ void bind_mla(nb::module_& m) {
              std::optional<std::string> kv_sharing_target_layer_name, const std::string& prefix,
              nb::handle dtype, nb::handle device, std::optional<std::string> backend,
              std::optional<std::string> prefill_backend,
-             StaticForwardContext* static_forward_context) {
+             StaticForwardContext* static_forward_context, bool fp8_output) {
             MLAAttentionLayerParams p;
             p.num_heads = num_heads;
             p.scale = scale;  // None = qk_head_dim ** -0.5; 0 is an Error (MLAAttention)
@@ -322,13 +322,14 @@ void bind_mla(nb::module_& m) {
             p.device = device_arg(device, "device");
             p.backend = backend.value_or("");
             p.prefill_backend = prefill_backend.value_or("");
+            p.fp8_output = fp8_output;
             new (self) MLAAttention(std::move(p), static_forward_context);
           },
           "num_heads"_a, "scale"_a.none(), "qk_nope_head_dim"_a, "qk_rope_head_dim"_a,
           "v_head_dim"_a, "q_lora_rank"_a.none(), "kv_lora_rank"_a, "kv_cache_dtype"_a,
           "block_size"_a, "kv_sharing_target_layer_name"_a.none(), "prefix"_a, "dtype"_a,
           "device"_a, "backend"_a.none(), "prefill_backend"_a.none(),
-          "static_forward_context"_a.none())
+          "static_forward_context"_a.none(), "fp8_output"_a = false)
       .def_prop_ro("backend", [](const MLAAttention& a) { return PyBackend{&a.backend()}; },
                    "The MLA AttentionBackend this layer runs on.")
       .def_prop_ro(
@@ -375,7 +376,7 @@ void bind_mla(nb::module_& m) {
           "_forward",
           [](MLAAttention& a, nb::handle q, nb::handle kv_c_normed, nb::handle k_pe,
              nb::handle kv_cache, const PyAttentionMetadata& attn_metadata, nb::handle output,
-             nb::handle output_lse) {
+             nb::handle output_lse, nb::handle output_scale) {
             TensorArgs args;
             TensorView qv = args.get(q, "q");
             TensorView kv = args.get(kv_c_normed, "kv_c_normed");
@@ -383,12 +384,13 @@ void bind_mla(nb::module_& m) {
             TensorView cache = args.get(kv_cache, "kv_cache", true);
             TensorView out = args.get(output, "output", true);
             TensorView lse = args.get(output_lse, "output_lse", true, true);
+            TensorView oscale = args.get(output_scale, "output_scale", false, true);
             nb::gil_scoped_release release;
             with_mla_argument_names(
-                [&] { a.forward(qv, kv, pe, cache, *attn_metadata.metadata, out, lse); });
+                [&] { a.forward(qv, kv, pe, cache, *attn_metadata.metadata, out, lse, oscale); });
           },
           "q"_a, "kv_c_normed"_a, "k_pe"_a, "kv_cache"_a, "attn_metadata"_a, "output"_a,
-          "output_lse"_a.none())
+          "output_lse"_a.none(), "output_scale"_a.none() = nb::none())
       .def_prop_rw(
           "k_scale", [](const MLAAttention& a) { return a.scales().k_scale; },
           [](MLAAttention& a, float s) {

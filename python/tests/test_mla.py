@@ -230,6 +230,40 @@ def test_fp8_cache(fw, rng, kv_cache_dtype, backend):
     assert md.num_context_chunks >= 2
 
 
+def test_fused_fp8_output(fw, rng):
+    """fp8_output=True: the selector takes an MLA backend with fused fp8 output (REFERENCE_MLA
+    on the CPU, CUDA_MLA on a GPU); forward(output_scale=) writes e4m3 = saturate(o / scale) on
+    decodes, a prefill without context and prefills whose context takes several chunks."""
+    d = dims_of(fw)
+    weight = kv_b_proj_weight(rng, d)
+    layer = make_mla_layer(fw, "bfloat16", d, weight, fp8_output=True)
+    assert layer.backend.name in ("REFERENCE_MLA", "CUDA_MLA")
+    assert "fp8_output" in layer.backend.capabilities()["features"]
+    builder = layer.metadata_builder(max_num_seqs=4, max_num_batched_tokens=128,
+                                     max_model_len=256, chunked_prefill_workspace_tokens=64)
+    step = MLAStep(fw, rng, layer, query_lens=[1, 1, 9, 5], context_lens=[23, 60, 70, 0])
+    cache = step.cache()
+    md = builder.build(step.common())
+    assert md.num_context_chunks >= 2
+    scale = 1.0 / 16
+    out, lse = layer.forward(step.q, step.kv_c, step.k_pe, cache, md, return_lse=True,
+                             output_scale=fw.array([scale], "float32"))
+    assert "float8_e4m3" in str(out.dtype)
+    host = fw.host(out)
+    assert np.isfinite(host).all()  # every element written
+    ref, ref_lse = mla_oracle(step, weight_as_activation(weight, "bfloat16"), fw.host(cache),
+                              md.num_decodes)
+    assert rel_err(host * scale, ref) <= FP8_TOLERANCE
+    assert rel_err(fw.host(lse), ref_lse) <= TOLERANCE["bfloat16"]
+    if fw.device == "cpu":  # a host scale is checked: not positive and finite raises
+        before = fw.host(cache).copy()
+        with raises_naming("output_scale"):
+            layer.forward(step.q, step.kv_c, step.k_pe, cache, md,
+                          output_scale=fw.array([0.0], "float32"))
+        np.testing.assert_array_equal(np.isnan(fw.host(cache)), np.isnan(before))
+        np.testing.assert_array_equal(np.nan_to_num(fw.host(cache)), np.nan_to_num(before))
+
+
 def test_two_dimensional_output_and_return_lse(fw, rng):
     d = dims_of(fw)
     dtype = exact_dtype(fw)
@@ -501,6 +535,22 @@ def test_forward_rejects_bad_arguments_and_leaves_the_cache_untouched(setup, bad
         layer.forward(**args)
     np.testing.assert_array_equal(np.isnan(cache), np.isnan(before))
     np.testing.assert_array_equal(np.nan_to_num(cache), np.nan_to_num(before))
+
+
+def test_fp8_output_on_a_backend_without_it_is_an_error(setup):
+    layer, step, cache, md = setup
+    assert layer.backend.name == "CPU_MLA"
+    assert "fp8_output" not in layer.backend.capabilities()["features"]
+    before = cache.copy()
+    with raises_naming("output_scale"):
+        layer.forward(step.q, step.kv_c, step.k_pe, cache, md,
+                      output_scale=np.array([0.5], np.float32))
+    np.testing.assert_array_equal(np.isnan(cache), np.isnan(before))
+    np.testing.assert_array_equal(np.nan_to_num(cache), np.nan_to_num(before))
+    with raises_naming("backend") as info:
+        pagedattn.MLAAttention(4, None, 32, 16, 48, None, 64, block_size=16, dtype="float32",
+                               backend="CPU_MLA", fp8_output=True)
+    assert "CPU_MLA writes its output in the activation dtype" in str(info.value)
 
 
 @pytest.mark.parametrize("kwargs, argument", [

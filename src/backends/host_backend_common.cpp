@@ -1,6 +1,8 @@
 #include "backends/host_backend_common.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <utility>
 #include <tuple>
@@ -29,6 +31,20 @@ void read_indices(const TensorView& t, int64_t n, T* out) {
 constexpr const char* kKvCacheDtypes[] = {"auto",     "fp8",     "fp8_e4m3", "fp8_e5m2",
                                           "bfloat16", "float16", "float32"};
 }  // namespace
+
+void store_rounded_f64(void* data, DType dtype, int64_t index, double value) {
+  if (dtype == DType::f32) {
+    static_cast<float*>(data)[index] = static_cast<float>(value);
+    return;
+  }
+  // double -> float rounding to odd: truncate toward zero, then set the last bit when inexact.
+  float f = static_cast<float>(value);  // round to nearest even
+  if (static_cast<double>(f) != value && !std::isnan(value)) {
+    if (std::fabs(static_cast<double>(f)) > std::fabs(value)) f = std::nextafter(f, 0.f);
+    f = std::bit_cast<float>(std::bit_cast<uint32_t>(f) | 1u);
+  }
+  store_f32(data, dtype, index, f);
+}
 
 bool is_activation_dtype(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;

@@ -19,6 +19,13 @@ bool is_accepted_kv_cache_dtype(std::string_view kv_cache_dtype);
 std::string accepted_kv_cache_dtypes();  // the list above, comma separated
 std::vector<std::string> kv_cache_dtype_names();  // the list above
 
+// Stores a double into element `index` of a buffer of `dtype` (f32 / f16 / bf16 / fp8), rounding
+// ONCE: f32 is a plain double -> float rounding; the narrower types go double -> float with
+// round-to-odd, then the library's round-to-nearest-even float -> f16 / bf16 / fp8 (saturating)
+// conversion, which together equal one correct rounding of the double (the targets have at most
+// 11 significant bits, far fewer than float's 24 - 2). The fp64 oracles' output store.
+void store_rounded_f64(void* data, DType dtype, int64_t index, double value);
+
 // The selector reasons every host backend shares: device must be cpu, no sparse attention,
 // f32/f16/bf16 activations, a known kv_cache_dtype. Appends full sentences naming `who`.
 void add_host_selector_reasons(const SelectorConfig& config, std::string_view who,

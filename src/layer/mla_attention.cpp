@@ -98,6 +98,7 @@ SelectorConfig MLAAttention::selector_config() const {
   c.device = params_.device;
   c.mla_dimensions = params_.dims();
   c.num_heads = params_.num_heads;
+  c.fp8_output = params_.fp8_output;
   return c;
 }
 
@@ -155,7 +156,7 @@ void MLAAttention::process_weights_after_loading(const TensorView& kv_b_proj_wei
 void MLAAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
                            const TensorView& k_pe, const TensorView& kv_cache,
                            const AttentionMetadata& metadata, const TensorView& output,
-                           const TensorView& output_lse) {
+                           const TensorView& output_lse, const TensorView& output_scale) {
   // Checks build their message only on failure: the success path allocates nothing.
   const std::string& layer = params_.prefix;
   const int64_t H = params_.num_heads, L = params_.kv_lora_rank, R = params_.qk_rope_head_dim,
@@ -191,11 +192,29 @@ void MLAAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
                   "': output is ", output.describe(), ", expected (", T, ", ", H, ", ", V,
                   ") or (", T, ", ", H * V, ") = (num_tokens of q, num_heads [*] v_head_dim)");
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&kv_c_normed, "kv_c_normed"},
-                                std::pair{&k_pe, "k_pe"}, std::pair{&output, "output"}}) {
+                                std::pair{&k_pe, "k_pe"}}) {
     PAGEDATTN_CHECK(t->dtype() == dtype, name, "MLAAttention '", layer, "': ", name, " is ",
                     dtype_name(t->dtype()), ", expected the layer dtype ", dtype_name(dtype));
     PAGEDATTN_CHECK(t->device() == device, name, "MLAAttention '", layer, "': ", name, " is on ",
                     device_name(t->device()), ", expected the layer device ", device_name(device));
+  }
+  PAGEDATTN_CHECK(output.device() == device, "output", "MLAAttention '", layer, "': output is on ",
+                  device_name(output.device()), ", expected the layer device ", device_name(device));
+  // output in the layer dtype, or fp8_e4m3 with output_scale f32 (1,) (fused output quant).
+  if (output_scale.defined()) {
+    PAGEDATTN_CHECK(output_scale.dtype() == DType::f32 && output_scale.numel() == 1 &&
+                        output_scale.device() == device,
+                    "output_scale", "MLAAttention '", layer, "': output_scale is ",
+                    output_scale.describe(), ", expected float32 (1,) on ", device_name(device));
+    PAGEDATTN_CHECK(impl_->fused_output_quant_supported(QuantKey{}), "output_scale",
+                    "MLAAttention '", layer, "': output_scale is given but backend ",
+                    backend_->name(), " does not support fused fp8 output quantization");
+    PAGEDATTN_CHECK(output.dtype() == DType::fp8_e4m3, "output", "MLAAttention '", layer,
+                    "': output is ", dtype_name(output.dtype()),
+                    ", expected fp8_e4m3 when output_scale is given");
+  } else {
+    PAGEDATTN_CHECK(output.dtype() == dtype, "output", "MLAAttention '", layer, "': output is ",
+                    dtype_name(output.dtype()), ", expected the layer dtype ", dtype_name(dtype));
   }
   if (output_lse.defined()) {
     PAGEDATTN_CHECK(output_lse.dtype() == DType::f32 && output_lse.ndim() == 2 &&
@@ -217,12 +236,15 @@ void MLAAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   PAGEDATTN_CHECK(kv_cache.device() == device, "kv_cache", "MLAAttention '", layer,
                   "': kv_cache is on ", device_name(kv_cache.device()), ", expected ",
                   device_name(device));
-  // Every check of the attention (block ids against this cache included) before the write.
-  impl_->check_forward(scales_, q, kv_c_normed, k_pe, kv_cache, metadata, output, output_lse);
+  // Every check of the attention (block ids against this cache, output_scale's value on host
+  // backends, ...) before the write, so a rejected call leaves the cache untouched.
+  impl_->check_forward(scales_, q, kv_c_normed, k_pe, kv_cache, metadata, output, output_scale,
+                       output_lse);
   if (!params_.kv_sharing_target_layer_name) {
     impl_->do_kv_cache_update(scales_, kv_c_normed, k_pe, kv_cache, metadata);
   }
-  impl_->forward(scales_, q, kv_c_normed, k_pe, kv_cache, metadata, output, output_lse);
+  impl_->forward(scales_, q, kv_c_normed, k_pe, kv_cache, metadata, output, output_scale,
+                 output_lse);
 }
 
 }  // namespace pagedattn

@@ -107,10 +107,7 @@ Inputs make_inputs(const MLACase& c, uint64_t seed) {
   return in;
 }
 
-struct Outputs {
-  std::string backend_name, prefill_name;
-  Tensor output, lse, cache;  // host copies
-};
+using Outputs = MLAOutputs;
 
 Outputs run_one(const AttentionBackend& backend, std::string_view prefill, Device device,
                 const Inputs& in) {
@@ -123,6 +120,7 @@ Outputs run_one(const AttentionBackend& backend, std::string_view prefill, Devic
   }
   Outputs out;
   out.backend_name = std::string(backend.name());
+  out.num_actual_tokens = in.num_actual_tokens;
 
   Tensor cache = in.stale_cache.to(device);
   if (!in.context_slots.empty()) {
@@ -157,9 +155,17 @@ Outputs run_one(const AttentionBackend& backend, std::string_view prefill, Devic
 
   const Tensor weight = in.weight.to(device), q = in.q.to(device), kv_c = in.kv_c.to(device),
                k_pe = in.k_pe.to(device);
-  Tensor output = c.output_2d ? Tensor(Shape{in.num_tokens, H * V}, c.dtype, device)
-                              : Tensor(Shape{in.num_tokens, H, V}, c.dtype, device);
-  output.fill_bytes(0xFF);  // NaN in every float dtype
+  const DType out_dtype = c.output_dtype();
+  Tensor output = c.output_2d ? Tensor(Shape{in.num_tokens, H * V}, out_dtype, device)
+                              : Tensor(Shape{in.num_tokens, H, V}, out_dtype, device);
+  output.fill_bytes(0xFF);  // NaN in every float dtype (e4m3 too)
+  Tensor output_scale;
+  if (c.fp8_output()) {
+    Tensor host_scale(Shape{1}, DType::f32, Device::cpu);
+    host_scale.data_as<float>()[0] = c.output_scale;
+    output_scale = host_scale.to(device);
+  }
+  const TensorView scale_view = c.fp8_output() ? output_scale.view() : TensorView{};
   Tensor lse;
   if (c.return_lse) {
     lse = Tensor(Shape{H, in.num_tokens}, DType::f32, device);
@@ -182,10 +188,11 @@ Outputs run_one(const AttentionBackend& backend, std::string_view prefill, Devic
     lp.device = device;
     lp.backend = std::string(backend.name());
     lp.prefill_backend = std::string(prefill);
+    lp.fp8_output = c.fp8_output();
     MLAAttention layer(lp);
     layer.scales().k_scale = in.k_scale;
     layer.process_weights_after_loading(weight);
-    layer.forward(q, kv_c, k_pe, cache, *md, output, lse_view);
+    layer.forward(q, kv_c, k_pe, cache, *md, output, lse_view, scale_view);
     out.prefill_name = std::string(layer.impl().prefill_backend_name());
   } else {
     MLAImplParams ip;
@@ -202,7 +209,7 @@ Outputs run_one(const AttentionBackend& backend, std::string_view prefill, Devic
     scales.k_scale = in.k_scale;
     impl->process_weights_after_loading(weight);
     impl->do_kv_cache_update(scales, kv_c, k_pe, cache, *md);
-    impl->forward(scales, q, kv_c, k_pe, cache, *md, output, lse_view);
+    impl->forward(scales, q, kv_c, k_pe, cache, *md, output, scale_view, lse_view);
     out.prefill_name = std::string(impl->prefill_backend_name());
   }
   synchronize_cuda();
@@ -224,8 +231,8 @@ MLAResult compare(const Inputs& in, const Outputs& got, const Outputs& ref, uint
   double diff = 0, norm = 0;
   const int64_t n = T * H * V;  // the first T rows, (T, H, V) or (T, H * V) alike
   for (int64_t i = 0; i < n; ++i) {
-    const double o = load_f64(got.output.data(), c.dtype, i);
-    const double e = load_f64(ref.output.data(), c.dtype, i);
+    const double o = load_f64(got.output.data(), c.output_dtype(), i);
+    const double e = load_f64(ref.output.data(), c.output_dtype(), i);
     if (!std::isfinite(o)) {
       ++r.unwritten;
       continue;
@@ -301,6 +308,7 @@ std::string MLACase::describe() const {
   if (!return_lse) os << " no-lse";
   if (output_2d) os << " out2d";
   if (pad_tokens > 0) os << " pad=" << pad_tokens;
+  if (fp8_output()) os << " fp8-out/" << output_scale;
   os << " [";
   for (size_t i = 0; i < batch.size(); ++i) {
     os << (i ? "," : "") << "(" << batch[i].context_len << "," << batch[i].query_len << ")";
@@ -311,7 +319,7 @@ std::string MLACase::describe() const {
 
 double tolerance(const MLACase& c) {
   double tol = c.dtype == DType::f32 ? 1e-5 : c.dtype == DType::f16 ? 2e-3 : 8e-3;
-  if (c.fp8_kv()) tol = std::max(tol, 6e-2);
+  if (c.fp8_kv() || c.fp8_output()) tol = std::max(tol, 6e-2);
   return tol;
 }
 
@@ -338,6 +346,18 @@ std::vector<MLACase> mla_grid(bool full) {
   no_lse.return_lse = false;
   g.push_back(no_lse);
   g.push_back(make_case("deepseek", bf16, "auto", deepseek, 16, 64, 0, {{40, 1}, {30, 5}}));
+  // Fused fp8 output: decodes, new tokens without context and a 3-chunk context in one batch
+  // (every staged write of MLACommonImpl), and DeepSeek dims over an fp8 cache.
+  MLACase fp8_out = make_case("fp8-out-mixed", bf16, "auto", small, 4, 16, 64,
+                              {{30, 1}, {5, 1}, {0, 4}, {140, 3}});
+  fp8_out.output_scale = 1.f / 64.f;
+  g.push_back(fp8_out);
+  fp8_out = make_case("fp8-out-prefill", f32, "auto", small, 4, 16, 0, {{0, 6}, {0, 3}});
+  fp8_out.output_scale = 1.f / 256.f;
+  g.push_back(fp8_out);
+  fp8_out = make_case("fp8-out-deepseek", bf16, "fp8", deepseek, 16, 64, 0, {{40, 1}, {20, 3}});
+  fp8_out.output_scale = 1.f / 128.f;
+  g.push_back(fp8_out);
   if (!full) return g;
   // Larger grid: every activation dtype x cache dtype x block size on the mixed batch, DeepSeek
   // dims with fp8 and many chunks, odd dims.
@@ -372,6 +392,7 @@ SelectorConfig selector_config(const MLACase& c, Device device) {
   s.device = device;
   s.mla_dimensions = c.dims;
   s.num_heads = c.num_heads;
+  s.fp8_output = c.fp8_output();
   return s;
 }
 
@@ -413,6 +434,43 @@ MLAResult run_mla_case(const AttentionBackend& backend, std::string_view prefill
   const Outputs got = run_one(backend, prefill_backend, device, in);
   const Outputs want = run_one(*ref, "", Device::cpu, in);
   return compare(in, got, want, seed);
+}
+
+MLAOutputs run_mla_outputs(const AttentionBackend& backend, std::string_view prefill_backend,
+                           Device device, const MLACase& c, uint64_t seed) {
+  return run_one(backend, prefill_backend, device, make_inputs(c, seed));
+}
+
+std::string QuantizedComparison::describe() const {
+  std::ostringstream os;
+  os << elements << " elements: " << unwritten << " unwritten, " << mismatches
+     << " differ from the quantized activation output (at most " << max_steps << " e4m3 steps), "
+     << saturated << " saturated";
+  return os.str();
+}
+
+QuantizedComparison compare_with_quantized(const Tensor& fp8, const Tensor& act, float scale,
+                                           int64_t elements) {
+  // Position of an e4m3 code on the number line: codes 0..0x7E grow with the magnitude.
+  const auto ordinal = [](uint8_t bits) {
+    const int magnitude = bits & 0x7F;
+    return (bits & 0x80) != 0 ? -magnitude : magnitude;
+  };
+  QuantizedComparison r;
+  r.elements = elements;
+  const auto* got = static_cast<const uint8_t*>(fp8.data());
+  for (int64_t i = 0; i < elements; ++i) {
+    if ((got[i] & 0x7F) == 0x7F) {
+      ++r.unwritten;
+      continue;
+    }
+    r.saturated += (got[i] & 0x7F) == 0x7E;
+    const uint8_t want = f32_to_fp8_e4m3_bits(load_f32(act.data(), act.dtype(), i) / scale);
+    const int steps = std::abs(ordinal(got[i]) - ordinal(want));
+    r.mismatches += steps != 0;
+    r.max_steps = std::max(r.max_steps, steps);
+  }
+  return r;
 }
 
 std::vector<MLAResult> run_mla_grid(const AttentionBackend& backend,

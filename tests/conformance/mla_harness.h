@@ -13,6 +13,8 @@
 //   3. REFERENCE_MLA does the same on the cpu; every element of the first num_actual_tokens
 //      rows is checked written and finite, ‖out − ref‖/‖ref‖ and the LSE error are measured
 //      against DESIGN.md's tolerances, and the written cache rows are compared byte for byte.
+// A case with output_scale > 0 runs both with fused fp8 output (an fp8_e4m3 output and a float32
+// (1,) output_scale; layers built with fp8_output = true) and compares the e4m3 values.
 #pragma once
 
 #include <cstdint>
@@ -40,17 +42,21 @@ struct MLACase {
   bool return_lse = true;
   bool output_2d = false;                // output as (T, H * V)
   int pad_tokens = 0;                    // rows after num_actual_tokens (slot -1)
+  float output_scale = 0.f;              // > 0: fp8_e4m3 output = saturate(o / output_scale)
   std::vector<MLARequest> batch;
 
   bool fp8_kv() const;
+  bool fp8_output() const { return output_scale > 0.f; }
+  DType output_dtype() const { return fp8_output() ? DType::fp8_e4m3 : dtype; }
   std::string describe() const;  // "bf16 kv=fp8 L=64 P=32 R=16 V=32 H=4 bs=16 W=32 [(40,1),(30,5)]"
 };
 
-// DESIGN.md §5: f32 1e-5, f16 2e-3, bf16 8e-3; an fp8 cache 6e-2.
+// DESIGN.md §5: f32 1e-5, f16 2e-3, bf16 8e-3; an fp8 cache or fp8 output 6e-2.
 double tolerance(const MLACase& c);
 
 // The CI grid (small dims and DeepSeek dims; decode only, prefill only, 1 / 2 / many context
-// chunks, mixed, fp8, block sizes 16 and 64; a few seconds for REFERENCE_MLA vs itself), or the
+// chunks, mixed, fp8 caches, fp8 output, block sizes 16 and 64; a few seconds for REFERENCE_MLA
+// vs itself), or the
 // larger one (env PAGEDATTN_FULL_GRID=1 or full = true).
 std::vector<MLACase> mla_grid(bool full);
 std::vector<MLACase> mla_grid();
@@ -68,7 +74,8 @@ struct MLAResult {
   std::string describe() const;
 };
 
-// The selector view of a case (use_mla, head_size L + R, dims, heads, dtypes, block size).
+// The selector view of a case (use_mla, head_size L + R, dims, heads, dtypes, block size,
+// fp8_output).
 SelectorConfig selector_config(const MLACase& c, Device device);
 // Why `backend` cannot run `c` on `device` (empty = it can): validate_configuration's reasons and
 // an unsupported kernel block size.
@@ -79,6 +86,33 @@ std::vector<std::string> unsupported_reasons(const AttentionBackend& backend, De
 // `device` and REFERENCE_MLA on the cpu over the same inputs.
 MLAResult run_mla_case(const AttentionBackend& backend, std::string_view prefill_backend,
                        Device device, const MLACase& c, uint64_t seed);
+
+// What one backend wrote for the inputs of (case, seed) (host copies): output (T, H, V) or
+// (T, H * V) in c.output_dtype(), lse (H, T) when c.return_lse, the cache after the step.
+struct MLAOutputs {
+  std::string backend_name, prefill_name;
+  int64_t num_actual_tokens = 0;
+  Tensor output, lse, cache;
+};
+// Runs `backend` alone on the inputs run_mla_case generates for (c, seed): the same seed gives
+// the same inputs whatever c.output_scale, so a case and its fp8-output twin are comparable.
+MLAOutputs run_mla_outputs(const AttentionBackend& backend, std::string_view prefill_backend,
+                           Device device, const MLACase& c, uint64_t seed);
+
+// An e4m3 output against an activation-dtype output of the same inputs quantized on the host,
+// saturate_e4m3(float(act) / scale) (one f32 division: the quantize pass's arithmetic), over the
+// first `elements` elements. Distances are in e4m3 steps (adjacent codes on the number line,
+// +0 = -0).
+struct QuantizedComparison {
+  int64_t elements = 0;
+  int64_t unwritten = 0;    // NaN left in the fp8 output (its poison 0x7F / 0xFF)
+  int64_t mismatches = 0;   // elements whose codes differ
+  int max_steps = 0;        // the largest distance
+  int64_t saturated = 0;    // elements at +-448 in the fp8 output
+  std::string describe() const;
+};
+QuantizedComparison compare_with_quantized(const Tensor& fp8, const Tensor& act, float scale,
+                                           int64_t elements);
 
 // Every case of `grid` with seeds seed, seed + 1, ...; a case the backend rejects
 // (unsupported_reasons) is returned as skipped, with its reasons.

@@ -79,11 +79,31 @@ std::vector<Case> rejected_cases() {
   };
 }
 
-// Runs `call` and expects an Error with the cache unchanged (`label` names the case).
-void expect_rejected(const char* label, const Tensor& kv_cache, const std::function<void()>& call) {
+// Runs `call` and expects an Error with the cache unchanged (`label` names the case); when
+// `argument` is given, the Error must name it.
+void expect_rejected(const char* label, const Tensor& kv_cache, const std::function<void()>& call,
+                     const char* argument = nullptr) {
   const std::vector<uint8_t> before = bytes_of(kv_cache);
-  EXPECT_THROW(call(), Error) << label;
+  try {
+    call();
+    ADD_FAILURE() << label << ": expected an Error";
+  } catch (const Error& e) {
+    if (argument != nullptr) EXPECT_EQ(e.argument(), argument) << label << ": " << e.what();
+  }
   EXPECT_TRUE(before == bytes_of(kv_cache)) << label << ": the rejected call changed the cache";
+}
+
+// output_scale values that are not a positive finite number.
+std::vector<float> bad_scales() {
+  return {0.f, -1.f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()};
+}
+
+// Counts the e4m3 bytes of `out` that are not NaN (0x7F / 0xFF).
+int64_t finite_e4m3(const Tensor& out) {
+  const Tensor host = out.to(Device::cpu);
+  int64_t finite = 0;
+  for (int64_t i = 0; i < host.numel(); ++i) finite += (static_cast<const uint8_t*>(host.data())[i] & 0x7F) != 0x7F;
+  return finite;
 }
 
 }  // namespace
@@ -144,10 +164,7 @@ void expect_rejected_forwards_leave_cache_untouched(const std::string& backend, 
       // rejected but makes every output element NaN (e4m3 0x7F / 0xFF), never a finite value.
       fp8_out.fill_bytes(0);
       EXPECT_NO_THROW(forward(valid_batch(), bad));
-      const Tensor host = fp8_out.to(Device::cpu);
-      int64_t finite = 0;
-      for (int64_t i = 0; i < host.numel(); ++i) finite += (static_cast<const uint8_t*>(host.data())[i] & 0x7F) != 0x7F;
-      EXPECT_EQ(finite, 0) << backend << ": output_scale = " << bad << " left finite output elements";
+      EXPECT_EQ(finite_e4m3(fp8_out), 0) << backend << ": output_scale = " << bad << " left finite output elements";
     }
     EXPECT_NO_THROW(forward(valid_batch(), 0.5f)) << "fp8 output control";
   }
@@ -184,17 +201,74 @@ void expect_rejected_mla_forwards_leave_cache_untouched(const std::string& backe
   const Tensor kv_c = random_tensor(Shape{6, L}, DType::bf16, device, rng);
   const Tensor k_pe = random_tensor(Shape{6, R}, DType::bf16, device, rng);
   const Tensor out = random_tensor(Shape{6, H, p.v_head_dim}, DType::bf16, device, rng);
-  const auto forward = [&](const Batch& b) {
+  Tensor fp8_out(Shape{6, H, p.v_head_dim}, DType::fp8_e4m3, device);
+  const bool fused_fp8 = layer.impl().fused_output_quant_supported(QuantKey{});
+  // output_scale: a float32 (1,) scale with this value (nullopt: none); scale_tensor: the one to
+  // pass instead (a malformed one); output: the output to write (default: bf16 without a scale,
+  // fp8 with one).
+  const auto forward = [&](const Batch& b, std::optional<float> output_scale = std::nullopt,
+                           const Tensor* output = nullptr, const Tensor* scale_tensor = nullptr) {
     const OwnedCommonAttentionMetadata common = make_metadata(b, device);
     const auto plan = builder->build(0, common.common);
-    layer.forward(q, kv_c, k_pe, kv_cache, *plan, out);
+    if (!output_scale && scale_tensor == nullptr) {
+      layer.forward(q, kv_c, k_pe, kv_cache, *plan, output != nullptr ? *output : out);
+      return;
+    }
+    Tensor scale(Shape{1}, DType::f32, Device::cpu);
+    scale.data_as<float>()[0] = output_scale.value_or(1.f);
+    const Tensor dev_scale = scale.to(device);
+    layer.forward(q, kv_c, k_pe, kv_cache, *plan, output != nullptr ? *output : fp8_out, {},
+                  scale_tensor != nullptr ? *scale_tensor : dev_scale);
   };
   for (const Case& c : rejected_cases()) {
     expect_rejected(c.name, kv_cache, [&] { forward(c.batch); });
+    // With fused fp8 output, the same block-table checks run before the cache write.
+    if (fused_fp8) expect_rejected(c.name, kv_cache, [&] { forward(c.batch, 0.5f); });
   }
+  // fp8 output arguments, checked before the cache write (the valid batch otherwise).
+  if (!fused_fp8) {
+    expect_rejected("output_scale on a backend without fused fp8 output", kv_cache,
+                    [&] { forward(valid_batch(), 0.5f); }, "output_scale");
+  } else {
+    expect_rejected("output_scale with a bfloat16 output", kv_cache,
+                    [&] { forward(valid_batch(), 0.5f, &out); }, "output");
+    expect_rejected("fp8 output without output_scale", kv_cache,
+                    [&] { forward(valid_batch(), std::nullopt, &fp8_out); }, "output");
+    const Tensor f16_scale = random_tensor(Shape{1}, DType::f16, device, rng);
+    const Tensor two_scales = random_tensor(Shape{2}, DType::f32, device, rng);
+    expect_rejected("float16 output_scale", kv_cache,
+                    [&] { forward(valid_batch(), std::nullopt, nullptr, &f16_scale); }, "output_scale");
+    expect_rejected("output_scale of shape (2,)", kv_cache,
+                    [&] { forward(valid_batch(), std::nullopt, nullptr, &two_scales); }, "output_scale");
+    if (device != Device::cpu) {
+      const Tensor host_scale = random_tensor(Shape{1}, DType::f32, Device::cpu, rng);
+      expect_rejected("output_scale on the host", kv_cache,
+                      [&] { forward(valid_batch(), std::nullopt, nullptr, &host_scale); }, "output_scale");
+    }
+    if (device == Device::cpu) {
+      for (const float bad : bad_scales()) {
+        expect_rejected("output_scale value", kv_cache, [&] { forward(valid_batch(), bad); },
+                        "output_scale");
+      }
+    }
+  }
+  // Control: the valid call runs and writes the cache (so the comparisons above could fail).
   const std::vector<uint8_t> before = bytes_of(kv_cache);
   EXPECT_NO_THROW(forward(valid_batch()));
   EXPECT_FALSE(before == bytes_of(kv_cache)) << "the valid call wrote nothing";
+  if (!fused_fp8) return;
+  if (device != Device::cpu) {
+    // A device scale is read by the quantize pass (graph-safe, no host sync): an invalid one
+    // makes every output element NaN instead of a finite value.
+    for (const float bad : bad_scales()) {
+      fp8_out.fill_bytes(0);
+      EXPECT_NO_THROW(forward(valid_batch(), bad));
+      EXPECT_EQ(finite_e4m3(fp8_out), 0) << backend << ": output_scale = " << bad << " left finite output elements";
+    }
+  }
+  fp8_out.fill_bytes(0x7F);  // NaN: every element must be written
+  EXPECT_NO_THROW(forward(valid_batch(), 0.5f)) << "fp8 output control";
+  EXPECT_EQ(finite_e4m3(fp8_out), fp8_out.numel()) << backend << ": fp8 output elements left unwritten";
 }
 
 }  // namespace pagedattn::testing

@@ -3,7 +3,10 @@
 // one passed, slots past the cache, a bad output_scale (0, -1, NaN, inf: host backends; CUDA reads
 // the scale on the device, and an invalid one gives all-NaN output instead). Each case runs the
 // layer's forward (cache write + attention) and compares every byte of the cache before and
-// after; a valid call on the same data is the control (it must run and change the cache).
+// after; a valid call on the same data is the control (it must run and change the cache). MLA
+// layers also check the fp8-output arguments (output_scale on a backend without fused fp8 output,
+// a wrong output dtype or scale tensor, invalid scale values) and that a valid fp8 forward writes
+// every output element.
 // Shared by the CPU suites (CPU, REFERENCE, CPU_MLA, REFERENCE_MLA) and tests/gpu (CUDA,
 // CUDA_MLA).
 #pragma once

@@ -322,7 +322,7 @@ class MlaConcurrency : public ::testing::TestWithParam<MlaParam> {
 
   void forward(const PlanRun& run, const Tensor& output, const Tensor& lse) {
     layer_->impl().forward(layer_->scales(), run.query, run.kv_c, run.k_pe, cache_, *run.plan,
-                           output, lse);
+                           output, /*output_scale=*/{}, lse);
   }
 
   std::unique_ptr<MLAAttention> layer_;

@@ -454,6 +454,7 @@ SelectorConfig selector_config(const mla_conf::MLACase& c) {
   config.kv_cache_dtype = c.kv_cache_dtype;
   config.block_size = c.block_size;
   config.device = Device::cpu;
+  config.fp8_output = c.fp8_output();  // the grid's fp8-output cases: CPU_MLA rejects them
   return config;
 }
 

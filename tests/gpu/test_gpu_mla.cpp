@@ -8,7 +8,8 @@
 //   CudaMlaLayer.*   MLAAttention on CUDA_MLA vs MLAAttention on REFERENCE_MLA (the un-absorbed
 //                    fp64 oracle) at DeepSeek dims: decode only, new tokens only, new + 1 / 2 /
 //                    many context chunks, mixed, fp8 cache, 16 and 128 heads
-// Every output is poisoned (NaN) before the run and every element checked finite.
+// Every output is poisoned (NaN) before the run and every element checked finite. Fused fp8
+// output (output_scale): test_gpu_mla_fp8_output.cpp.
 // PAGEDATTN_GPU_SMALL_GRID=1 (the sanitizer runs) keeps the smallest cases only.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

@@ -38,11 +38,13 @@ void expect_error(const std::function<void()>& fn, const std::string& argument,
 
 // forward_decode as a plain loop: per decode request i, head h, keys = cache rows [0, seq_len)
 // (fp8 * k_scale), logits scale * q_latent · row, values = row[:L]. `drop_last_key` makes it
-// wrong on purpose (the harness must notice).
+// wrong on purpose (the harness must notice). It declares fused fp8 output, so the grid's
+// fp8-output cases run MLACommonImpl's staged writes and quantize pass on the host.
 class NaiveDecodeImpl final : public mla::MLACommonImpl {
  public:
   NaiveDecodeImpl(MLAImplParams p, bool drop_last_key)
       : MLACommonImpl(std::move(p)), drop_last_key_(drop_last_key) {}
+  bool fused_output_quant_supported(const QuantKey&) const override { return true; }
 
  protected:
   void check_decode(const LayerScales&, const TensorView& kv_cache, const MLAMetadata&,
@@ -116,7 +118,7 @@ class TestMLABackend final : public MLABackend {
   }
   std::vector<std::string> validate_configuration(const SelectorConfig& c) const override {
     std::vector<std::string> reasons;
-    mla::add_mla_common_reasons(name(), c, reasons);
+    mla::add_mla_common_reasons(name(), c, reasons, /*fp8_output_supported=*/true);
     return reasons;
   }
   BackendCapabilities capabilities() const override { return {}; }
@@ -127,11 +129,37 @@ class TestMLABackend final : public MLABackend {
 
 TEST(MLADriver, MatchesTheOracleOnTheGrid) {
   const TestMLABackend backend;
+  int fp8_output_cases = 0;
   for (const cm::MLAResult& r : cm::run_mla_grid(backend, "REFERENCE", Device::cpu, cm::mla_grid(), 11)) {
     EXPECT_TRUE(r.passed()) << r.describe();
+    EXPECT_FALSE(r.skipped) << r.describe();
     EXPECT_EQ(r.prefill_backend_name, "REFERENCE");
+    fp8_output_cases += r.case_description.find("fp8-out") != std::string::npos;
     std::printf("%s\n", r.describe().c_str());
   }
+  EXPECT_GE(fp8_output_cases, 3);  // MLACommonImpl's staged fp8 writes, every kind
+}
+
+// MLACommonImpl's fp8 output is its own activation-dtype output quantized, bit for bit: the
+// staged rows (decode gemm, new-token prefill, final merge) hold the bytes the unquantized run
+// writes, and the quantize pass is the host's saturate_e4m3(x / scale) in f32.
+TEST(MLADriver, Fp8OutputIsItsOwnOutputQuantized) {
+  const TestMLABackend backend;
+  int cases = 0;
+  for (cm::MLACase c : cm::mla_grid(false)) {
+    if (!c.fp8_output()) continue;
+    SCOPED_TRACE(c.describe());
+    const float scale = c.output_scale;
+    const cm::MLAOutputs fp8 = cm::run_mla_outputs(backend, "REFERENCE", Device::cpu, c, 31);
+    c.output_scale = 0.f;
+    const cm::MLAOutputs act = cm::run_mla_outputs(backend, "REFERENCE", Device::cpu, c, 31);
+    const int64_t n = act.num_actual_tokens * c.num_heads * c.dims.v_head_dim;
+    const cm::QuantizedComparison r = cm::compare_with_quantized(fp8.output, act.output, scale, n);
+    EXPECT_EQ(r.unwritten, 0) << r.describe();
+    EXPECT_EQ(r.mismatches, 0) << r.describe();
+    ++cases;
+  }
+  EXPECT_GE(cases, 3);
 }
 
 TEST(MLADriver, HarnessCatchesAWrongDecode) {
@@ -155,10 +183,10 @@ TEST(MLADriver, HarnessCatchesUnwrittenRows) {
     }
     void forward(const LayerScales&, const TensorView&, const TensorView&, const TensorView&,
                  const TensorView&, const AttentionMetadata&, const TensorView&,
-                 const TensorView&) override {}
+                 const TensorView&, const TensorView&) override {}
     void check_forward(const LayerScales&, const TensorView&, const TensorView&,
                        const TensorView&, const TensorView&, const AttentionMetadata&,
-                       const TensorView&, const TensorView&) const override {}
+                       const TensorView&, const TensorView&, const TensorView&) const override {}
     std::string_view prefill_backend_name() const override { return "none"; }
   };
   class SilentBackend final : public MLABackend {

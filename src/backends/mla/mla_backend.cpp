@@ -46,7 +46,7 @@ void check_mla_impl_params(std::string_view who, const MLAImplParams& q) {
 }
 
 void add_mla_common_reasons(std::string_view backend_name, const SelectorConfig& c,
-                            std::vector<std::string>& reasons) {
+                            std::vector<std::string>& reasons, bool fp8_output_supported) {
   const auto add = [&reasons](auto&&... parts) {
     reasons.push_back(detail::concat(std::forward<decltype(parts)>(parts)...));
   };
@@ -78,7 +78,7 @@ void add_mla_common_reasons(std::string_view backend_name, const SelectorConfig&
     add("attn_type = ", attention_type_name(c.attn_type), " is not supported: ", backend_name,
         " supports decoder self-attention only.");
   }
-  if (c.fp8_output) {
+  if (c.fp8_output && !fp8_output_supported) {
     add("fp8_output = true is not supported: ", backend_name,
         " writes its output in the activation dtype.");
   }

@@ -7,8 +7,8 @@
 //   MLACommonImpl             the run: cache write, absorbed decode around the backend's latent
 //                             attention (forward_decode), up-projected prefill through the
 //                             selected MLAPrefillBackend, chunk loop and LSE merge
-//   batched_gemm / copy_3d    the device primitives the run needs (CPU here, CUDA in
-//                             src/backends/cuda/mla/mla_device_ops.cu)
+//   batched_gemm / copy_3d /  the device primitives the run needs (CPU in mla_primitives.cpp,
+//   quantize_e4m3_3d          CUDA in src/backends/cuda/mla/mla_device_ops.cu)
 //
 // The REFERENCE_MLA backend does NOT use MLACommonImpl: it is the independent fp64 oracle of the
 // un-absorbed formula. It does use MLACommonMetadataBuilder (the plan is what it reads).
@@ -37,12 +37,15 @@ struct MLAStepBuffers {
   Tensor q_latent;      // (S, H, L + R)
   Tensor o_latent;      // (S, H, L)
   Tensor decode_lse;    // (H, S) f32
+  Tensor decode_out;    // (S, H, V)           decode output staged for the fp8 quantize pass
   // prefill
   Tensor gather;        // (W, L + R)          context chunk gathered from the cache
   Tensor kv_up;         // (rows, H, P + V)    kv_c · [W_UK | W_UV]ᵀ per head
   Tensor k_full;        // (rows, H, P + R)    [k_nope, k_pe broadcast]
-  Tensor suffix_out;    // (T, H, V)           new-token attention
-  Tensor chunk_out;     // (T, H, V)           one context chunk
+  Tensor suffix_out;    // (T, H, V)           new-token attention (no context + fp8 output: the
+                        //                     staged rows of the quantize pass)
+  Tensor chunk_out;     // (T, H, V)           one context chunk (fp8 output: the final merge's
+                        //                     staged rows, free once the chunks are merged)
   Tensor context_out;   // (T, H, V)           context chunks merged so far
   Tensor suffix_lse, chunk_lse, context_lse, merged_lse;  // (H, T) f32
   // batch-invariant builders only (batched_gemm_fixed_rows), zeroed at allocation:
@@ -108,11 +111,19 @@ void batched_gemm_fixed_rows(Device device, int batch, int m, int n, int k, cons
 // dst (d0, d1, d2) = src (d0, d1, d2), converting dtype (f32/f16/bf16); any strides, stride 0
 // allowed in src (broadcast). The innermost dim of both is contiguous.
 void copy_3d(const TensorView& src, const TensorView& dst);
+// The fp8 output pass (fused output quantization of the rows MLACommonImpl stages):
+// dst (d0, d1, d2) fp8_e4m3 = saturate_e4m3(src / scale[0]) with src f32/f16/bf16 (one IEEE f32
+// division, then round to nearest even, saturating at +-448; NaN stays NaN). scale: f32 (1,) on
+// the tensors' device, read there (CUDA: by the kernel, so a captured graph replays with the
+// scale of the moment); one that is not a positive finite number writes NaN (e4m3 0x7F) in every
+// element, as the attention kernels' output store (output_store.cuh). Innermost dims contiguous.
+void quantize_e4m3_3d(const TensorView& src, const TensorView& dst, const TensorView& scale);
 #if PAGEDATTN_HAS_CUDA
-// CUDA implementations (src/backends/cuda/mla/mla_device_ops.cu), called by the two above.
+// CUDA implementations (src/backends/cuda/mla/mla_device_ops.cu), called by the three above.
 void cuda_batched_gemm(int batch, int m, int n, int k, const MatrixRef& a, const MatrixRef& b,
                        const MutableMatrixRef& c);
 void cuda_copy_3d(const TensorView& src, const TensorView& dst);
+void cuda_quantize_e4m3_3d(const TensorView& src, const TensorView& dst, const TensorView& scale);
 #endif
 
 // ---- plan -----------------------------------------------------------------------------------
@@ -166,12 +177,16 @@ class MLACommonImpl : public MLAAttentionImpl {
   void do_kv_cache_update(const LayerScales& scales, const TensorView& kv_c_normed,
                           const TensorView& k_pe, const TensorView& kv_cache,
                           const AttentionMetadata& metadata) override;
+  // output_scale (fp8 e4m3 output) only when the derived impl's fused_output_quant_supported
+  // (MLAAttentionImpl's default: false); see mla_common_impl.cpp for which writes are staged.
   void forward(const LayerScales& scales, const TensorView& q, const TensorView& kv_c_normed,
                const TensorView& k_pe, const TensorView& kv_cache, const AttentionMetadata& metadata,
-               const TensorView& output, const TensorView& output_lse = {}) override;
+               const TensorView& output, const TensorView& output_scale = {},
+               const TensorView& output_lse = {}) override;
   void check_forward(const LayerScales& scales, const TensorView& q, const TensorView& kv_c_normed,
                      const TensorView& k_pe, const TensorView& kv_cache,
                      const AttentionMetadata& metadata, const TensorView& output,
+                     const TensorView& output_scale = {},
                      const TensorView& output_lse = {}) const override;
   std::string_view prefill_backend_name() const override;
 
@@ -203,17 +218,18 @@ class MLACommonImpl : public MLAAttentionImpl {
   std::mutex prefill_mutex_;
 };
 
-// Shared validate_configuration part of the MLA backends: use_mla must be true (when it is false
-// that is the only reason given, and the caller returns at once), head_size must
-// equal mla_dimensions.latent_head_size() when the dims are given, and the standard-layer
-// features (alibi, sliding window, soft cap, sinks, sparse, non-decoder types, fp8 output) are
-// rejected, each with its own reason.
 // The impl parameters every MLA impl checks the same way (num_heads, dims, scale, block_size):
 // Error naming the argument, `who` first.
 void check_mla_impl_params(std::string_view who, const MLAImplParams& params);
 
+// Shared validate_configuration part of the MLA backends: use_mla must be true (when it is false
+// that is the only reason given, and the caller returns at once), head_size must
+// equal mla_dimensions.latent_head_size() when the dims are given, and the standard-layer
+// features (alibi, sliding window, soft cap, sinks, sparse, non-decoder types) are rejected, each
+// with its own reason; fp8_output too unless the backend's impl supports it
+// (fp8_output_supported: its fused_output_quant_supported is true; REFERENCE_MLA, CUDA_MLA).
 void add_mla_common_reasons(std::string_view backend_name, const SelectorConfig& config,
-                            std::vector<std::string>& reasons);
+                            std::vector<std::string>& reasons, bool fp8_output_supported = false);
 
 }  // namespace mla
 }  // namespace pagedattn

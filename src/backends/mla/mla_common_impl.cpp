@@ -18,12 +18,27 @@
 //            out[Td:] = merge(context, suffix) (output_lse too when given)
 // Precision: each gemm accumulates in f32 and rounds once to the activation dtype (q_latent,
 // o_latent, kv_up, out), as vLLM's bf16 matmuls; attention precision is the backends'.
+//
+// fp8 output (output_scale given; only impls whose fused_output_quant_supported is true): the
+// output is e4m3 = saturate(o / output_scale[0]). Which writes are fused and which are staged:
+//   decode rows         W_UV batched_gemm (cuBLAS on CUDA writes bf16/f16/f32 only) into the
+//                       step buffer decode_out, then one quantize_e4m3_3d pass into out[:Td];
+//   prefill, no context fused when the prefill backend supports_quant_output (it gets
+//                       output_scale and writes e4m3 itself; none does today), else
+//                       run_prefill_new_tokens into suffix_out, then one quantize pass;
+//   prefill, context    the final merge_attn_states into chunk_out (free once the chunks are
+//                       merged), then one quantize pass (the public merge op stays unquantized).
+// A staged row is rounded twice (to the activation dtype, then to e4m3), as output_store.cuh's
+// staged kernels; the quantize pass reads the scale on the tensors' device, and on CUDA an
+// invalid scale writes NaN (the host check rejects it before anything is written). The buffers
+// are the builder's (decode_out is sized (S, H, V) at build time): no allocation in forward.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -42,6 +57,16 @@ void check_last_contiguous(const TensorView& t, const char* name) {
   PAGEDATTN_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name, kWho, ": ", name, " ",
                   t.describe(), " has strides ", t.strides().str(),
                   ", expected the last dim contiguous");
+}
+
+// The output as (T, H, V): a (T, H * V) output with unit column stride is viewed as
+// (T, H, V):(row stride, V, 1); anything else is returned as given (checked by the caller).
+TensorView as_3d_output(const TensorView& output, int64_t H, int64_t V) {
+  if (output.ndim() == 2 && output.size(1) == H * V && output.stride(1) == 1) {
+    return TensorView(output.data(), output.dtype(), Shape{output.size(0), H, V},
+                      Shape{output.stride(0), V, 1}, output.device(), output.device_index());
+  }
+  return output;
 }
 
 // A CUDA plan lives in its builder's reused device arrays: valid until the next build().
@@ -141,7 +166,7 @@ void MLACommonImpl::do_kv_cache_update(const LayerScales& scales, const TensorVi
 void MLACommonImpl::check_forward(const LayerScales& scales, const TensorView& q,
                                   const TensorView& kv_c_normed, const TensorView& k_pe_in,
                                   const TensorView& kv_cache, const AttentionMetadata& metadata,
-                                  const TensorView& output_in,
+                                  const TensorView& output_in, const TensorView& output_scale,
                                   const TensorView& output_lse) const {
   // ---- checks (messages are built only on failure) ----
   const auto* mdp = dynamic_cast<const MLAMetadata*>(&metadata);
@@ -191,13 +216,26 @@ void MLACommonImpl::check_forward(const LayerScales& scales, const TensorView& q
                   ") or (>= ", T, ", 1, ", R, ")");
   check_last_contiguous(k_pe, "k_pe");
   check_defined(output_in, "output");
-  check_dtype(output_in, "output", act);
+  const DType fp8_out[] = {DType::fp8_e4m3};
+  check_dtype(output_in, "output",
+              output_scale.defined() ? std::span<const DType>(fp8_out) : std::span<const DType>(act));
   check_device(output_in, "output", dev);
-  TensorView out = output_in;
-  if (out.ndim() == 2 && out.size(1) == H * V && out.stride(1) == 1) {
-    out = TensorView(out.data(), dt, Shape{out.size(0), H, V}, Shape{out.stride(0), V, 1}, dev,
-                     output_in.device_index());
+  if (output_scale.defined()) {
+    PAGEDATTN_CHECK(fused_output_quant_supported(QuantKey{}), "output_scale", kWho,
+                    " forward: output_scale is given but this backend does not support fused fp8 "
+                    "output quantization");
+    const DType f32[] = {DType::f32};
+    check_device(output_scale, "output_scale", dev);
+    check_dtype(output_scale, "output_scale", f32);
+    PAGEDATTN_CHECK(output_scale.numel() == 1, "output_scale", kWho, " forward: output_scale is ",
+                    output_scale.describe(), ", expected float32 (1,)");
+    if (dev == Device::cpu) {  // a device scale is read by the quantize kernel (NaN if invalid)
+      const float s = output_scale.data_as<const float>()[0];
+      PAGEDATTN_CHECK(std::isfinite(s) && s > 0.f, "output_scale", kWho,
+                      " forward: output_scale[0] = ", s, " must be a positive finite number");
+    }
   }
+  const TensorView out = as_3d_output(output_in, H, V);
   PAGEDATTN_CHECK(out.ndim() == 3 && out.size(0) >= T && out.size(1) == H && out.size(2) == V,
                   "output", kWho, " forward: output is ", output_in.describe(), ", expected (>= ",
                   T, ", ", H, ", ", V, ") or (>= ", T, ", ", H * V, ")");
@@ -234,8 +272,10 @@ void MLACommonImpl::check_forward(const LayerScales& scales, const TensorView& q
 void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
                             const TensorView& kv_c_normed, const TensorView& k_pe_in,
                             const TensorView& kv_cache, const AttentionMetadata& metadata,
-                            const TensorView& output_in, const TensorView& output_lse) {
-  check_forward(scales, q, kv_c_normed, k_pe_in, kv_cache, metadata, output_in, output_lse);
+                            const TensorView& output_in, const TensorView& output_scale,
+                            const TensorView& output_lse) {
+  check_forward(scales, q, kv_c_normed, k_pe_in, kv_cache, metadata, output_in, output_scale,
+                output_lse);
   const MLAMetadata& md = static_cast<const MLAMetadata&>(metadata);
   const MLADimensions& d = params_.dims;
   const int64_t H = params_.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim,
@@ -245,11 +285,8 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
   const int64_t Td = md.num_decode_tokens, Tp = md.num_prefill_tokens;
   TensorView k_pe = k_pe_in;
   if (k_pe.ndim() == 3 && k_pe.size(1) == 1) k_pe = k_pe.select(1, 0);
-  TensorView out = output_in;
-  if (out.ndim() == 2 && out.size(1) == H * V && out.stride(1) == 1) {
-    out = TensorView(out.data(), dt, Shape{out.size(0), H, V}, Shape{out.stride(0), V, 1}, dev,
-                     output_in.device_index());
-  }
+  const TensorView out = as_3d_output(output_in, H, V);
+  const bool quantize = output_scale.defined();  // fp8 output: see the top of this file
   // CPU: this call's own step buffers (concurrent forwards lease other sets; a new set is made
   // only while forwards overlap). CUDA: the builder's one set, used in stream order by plans
   // that pass the PlanStamp check above (mla_common.h).
@@ -282,8 +319,11 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
     const TensorView o_lat = ws.o_latent.view().narrow(0, 0, Td);  // (Td, H, L):(HL, L, 1)
     const TensorView lse = output_lse.defined() ? output_lse.narrow(1, 0, Td) : TensorView{};
     forward_decode(scales, q_lat, kv_cache, md, o_lat, lse);
+    // fp8 output: the gemm writes the staging rows (activation dtype), one pass quantizes them.
+    const TensorView o_d = quantize ? ws.decode_out.view().narrow(0, 0, Td) : out.narrow(0, 0, Td);
     gemm(static_cast<int>(H), td, static_cast<int>(V), static_cast<int>(L), MatrixRef{o_lat.data(), dt, L, H * L, 1},
-         MatrixRef{w_uv_.data(), dt, L * V, V, 1}, MutableMatrixRef{out.data(), dt, out.stride(1), out.stride(0)});
+         MatrixRef{w_uv_.data(), dt, L * V, V, 1}, MutableMatrixRef{o_d.data(), dt, o_d.stride(1), o_d.stride(0)});
+    if (quantize) quantize_e4m3_3d(o_d, out.narrow(0, 0, Td), output_scale);
   }
   if (Tp == 0) return;
   PAGEDATTN_CHECK(md.prefill.has_value(), "metadata", kWho,
@@ -320,7 +360,16 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
   const std::lock_guard<std::mutex> prefill_lock(prefill_mutex_);
   prefill_->prepare_metadata(pre);
   if (!pre.chunked_context) {
-    prefill_->run_prefill_new_tokens(q_p, k_rows(Tp), v_rows(Tp), lse_p.defined(), out_p, lse_p);
+    if (!quantize) {
+      prefill_->run_prefill_new_tokens(q_p, k_rows(Tp), v_rows(Tp), lse_p.defined(), out_p, lse_p);
+    } else if (prefill_->supports_quant_output(QuantKey{})) {  // fused: e4m3 written by the kernel
+      prefill_->run_prefill_new_tokens(q_p, k_rows(Tp), v_rows(Tp), lse_p.defined(), out_p, lse_p,
+                                       output_scale);
+    } else {  // staged in suffix_out (unused without context), then one quantize pass
+      const TensorView staged = ws.suffix_out.view().narrow(0, 0, Tp);
+      prefill_->run_prefill_new_tokens(q_p, k_rows(Tp), v_rows(Tp), lse_p.defined(), staged, lse_p);
+      quantize_e4m3_3d(staged, out_p, output_scale);
+    }
     return;
   }
   const TensorView suffix_out = ws.suffix_out.view().narrow(0, 0, Tp);
@@ -360,7 +409,15 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
       state_buffer = next;
     }
   }
-  merge_attn_states(out_p, state_out, state_lse, suffix_out, suffix_lse, lse_p);
+  if (!quantize) {
+    merge_attn_states(out_p, state_out, state_lse, suffix_out, suffix_lse, lse_p);
+    return;
+  }
+  // fp8 output: merged into chunk_out (no longer read: every chunk is merged into context_out),
+  // then one quantize pass.
+  const TensorView staged = ws.chunk_out.view().narrow(0, 0, Tp);
+  merge_attn_states(staged, state_out, state_lse, suffix_out, suffix_lse, lse_p);
+  quantize_e4m3_3d(staged, out_p, output_scale);
 }
 
 }  // namespace pagedattn::mla

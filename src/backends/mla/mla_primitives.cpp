@@ -13,9 +13,13 @@
 //   Precision: operands converted exactly to f32, f32 accumulation (k summed in order within a
 //   row), ONE rounding of each C element to C's dtype.
 // copy_3d: dst = convert(src) element by element (one rounding, RNE), broadcast strides allowed.
+// quantize_e4m3_3d: dst (e4m3) = saturate(src / scale[0]) element by element: one f32 division
+//   (IEEE, as the CUDA kernel's __fdiv_rn), then the library's saturating RNE conversion; an
+//   invalid scale (not positive and finite) writes NaN (0x7F) everywhere.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -221,6 +225,51 @@ void copy_3d(const TensorView& src, const TensorView& dst) {
         for (int64_t x = 0; x < d2; ++x) {
           store_one(dst.data(), dst.dtype(), o + x, load_one(src.data(), src.dtype(), s + x));
         }
+      }
+    }
+  }
+}
+
+void quantize_e4m3_3d(const TensorView& src, const TensorView& dst, const TensorView& scale) {
+  constexpr const char* fn = "mla::quantize_e4m3_3d: ";
+  PAGEDATTN_CHECK(src.ndim() == 3, "src", fn, "src is ", src.describe(), ", expected 3-D");
+  PAGEDATTN_CHECK(dst.ndim() == 3, "dst", fn, "dst is ", dst.describe(), ", expected 3-D");
+  PAGEDATTN_CHECK(src.shape() == dst.shape(), "src", fn, "src shape ", src.shape().str(),
+                  " differs from dst shape ", dst.shape().str());
+  PAGEDATTN_CHECK(is_activation(src.dtype()), "src", fn, "src is ", dtype_name(src.dtype()),
+                  ", expected float32, float16 or bfloat16");
+  PAGEDATTN_CHECK(dst.dtype() == DType::fp8_e4m3, "dst", fn, "dst is ", dtype_name(dst.dtype()),
+                  ", expected fp8_e4m3");
+  PAGEDATTN_CHECK(src.device() == dst.device(), "src", fn, "src is on ", device_name(src.device()),
+                  ", dst on ", device_name(dst.device()), ": expected one device");
+  PAGEDATTN_CHECK(scale.defined() && scale.dtype() == DType::f32 && scale.numel() == 1 &&
+                      scale.device() == dst.device(),
+                  "scale", fn, "scale is ", scale.describe(), ", expected float32 (1,) on ",
+                  device_name(dst.device()));
+  PAGEDATTN_CHECK(src.size(2) <= 1 || (src.stride(2) == 1 && dst.stride(2) == 1), "src", fn,
+                  "the innermost dim must be contiguous (src strides ", src.strides().str(),
+                  ", dst strides ", dst.strides().str(), ")");
+  if (dst.numel() == 0) return;
+  if (dst.device() == Device::cuda) {
+#if PAGEDATTN_HAS_CUDA
+    cuda_quantize_e4m3_3d(src, dst, scale);
+    return;
+#else
+    throw Error("dst", "mla::quantize_e4m3_3d: dst is on cuda but pagedattn was built without CUDA");
+#endif
+  }
+  const float s = scale.data_as<const float>()[0];
+  const bool valid = s > 0.f && s <= std::numeric_limits<float>::max();  // NaN fails both
+  const int64_t d0 = dst.size(0), d1 = dst.size(1), d2 = dst.size(2);
+  auto* out = static_cast<uint8_t*>(dst.data());
+#pragma omp parallel for collapse(2) schedule(static) if (d0 * d1 * d2 >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < d0; ++i) {
+    for (int64_t j = 0; j < d1; ++j) {
+      const int64_t si = i * src.stride(0) + j * src.stride(1);
+      const int64_t o = i * dst.stride(0) + j * dst.stride(1);
+      for (int64_t x = 0; x < d2; ++x) {
+        out[o + x] = valid ? f32_to_fp8_e4m3_bits(load_one(src.data(), src.dtype(), si + x) / s)
+                           : uint8_t{0x7F};
       }
     }
   }

@@ -11,12 +11,15 @@
 //   v[pos] = W_UV[h] · latent[pos][:L]                       (V)
 //   s_pos = scale * (q[token, h] · k[pos]) for pos <= c + j; out = softmax(s) · v; lse natural.
 // Precision: every input converted exactly to fp64, all arithmetic fp64; one rounding of the
-// output to the activation dtype and of the LSE to f32. No tiling (per (request, head): the
-// keys' up-projection once, then every query row).
+// output to the activation dtype (host::store_rounded_f64) and of the LSE to f32. fp8 output
+// (output_scale given, as REFERENCE): saturate_e4m3(out / output_scale[0]), the division in fp64
+// and one rounding to e4m3; a scale that is not a positive finite number is an Error before any
+// write. No tiling (per (request, head): the keys' up-projection once, then every query row).
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -81,7 +84,8 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
   void check_forward(const LayerScales& scales, const TensorView& q,
                      const TensorView& kv_c_normed, const TensorView& k_pe_in,
                      const TensorView& kv_cache, const AttentionMetadata& metadata,
-                     const TensorView& output_in, const TensorView& output_lse) const override {
+                     const TensorView& output_in, const TensorView& output_scale,
+                     const TensorView& output_lse) const override {
     const MLAMetadata& md = checked_metadata(metadata, "forward");
     check_cache(kv_cache, md, "forward");
     check_scale(scales, "forward");
@@ -116,12 +120,19 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
                     ")");
     check_defined(output_in, "output");
     check_device(output_in, "output", Device::cpu);
-    check_dtype(output_in, "output", act);
-    TensorView output = output_in;
-    if (output.ndim() == 2 && output.size(1) == H * V && (V <= 1 || output.stride(1) == 1)) {
-      output = TensorView(output.data(), output.dtype(), Shape{output.size(0), H, V},
-                          Shape{output.stride(0), V, 1}, Device::cpu);
+    const DType fp8_out[] = {DType::fp8_e4m3};
+    check_dtype(output_in, "output",
+                output_scale.defined() ? std::span<const DType>(fp8_out) : std::span<const DType>(act));
+    if (output_scale.defined()) {
+      const DType f32[] = {DType::f32};
+      check_device(output_scale, "output_scale", Device::cpu);
+      check_dtype(output_scale, "output_scale", f32);
+      check_shape(output_scale, "output_scale", Shape{1});
+      const double divisor = load_f64(output_scale.data(), DType::f32, 0);
+      PAGEDATTN_CHECK(std::isfinite(divisor) && divisor > 0.0, "output_scale", kWho,
+                      " forward: output_scale[0] = ", divisor, " must be a positive finite number");
     }
+    const TensorView output = as_3d_output(output_in, H, V);
     PAGEDATTN_CHECK(output.ndim() == 3 && output.size(0) >= T && output.size(1) == H &&
                         output.size(2) == V,
                     "output", kWho, " forward: output is ", output_in.describe(), ", expected (>= ",
@@ -139,19 +150,19 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
   void forward(const LayerScales& scales, const TensorView& q, const TensorView& kv_c_normed,
                const TensorView& k_pe_in, const TensorView& kv_cache,
                const AttentionMetadata& metadata, const TensorView& output_in,
-               const TensorView& output_lse) override {
-    check_forward(scales, q, kv_c_normed, k_pe_in, kv_cache, metadata, output_in, output_lse);
+               const TensorView& output_scale, const TensorView& output_lse) override {
+    check_forward(scales, q, kv_c_normed, k_pe_in, kv_cache, metadata, output_in, output_scale,
+                  output_lse);
     const auto& md = static_cast<const MLAMetadata&>(metadata);
     const MLADimensions& d = params_.dims;
     const int64_t H = params_.num_heads, L = d.kv_lora_rank, R = d.qk_rope_head_dim,
                   P = d.qk_nope_head_dim, V = d.v_head_dim;
     TensorView k_pe = k_pe_in;
     if (k_pe.ndim() == 3 && k_pe.size(1) == 1) k_pe = k_pe.select(1, 0);
-    TensorView output = output_in;
-    if (output.ndim() == 2 && output.size(1) == H * V && (V <= 1 || output.stride(1) == 1)) {
-      output = TensorView(output.data(), output.dtype(), Shape{output.size(0), H, V},
-                          Shape{output.stride(0), V, 1}, Device::cpu);
-    }
+    const TensorView output = as_3d_output(output_in, H, V);
+    // fp8 output: out / output_scale[0] in fp64, rounded once (as REFERENCE); else a divisor of 1.
+    const double output_divisor =
+        output_scale.defined() ? load_f64(output_scale.data(), DType::f32, 0) : 1.0;
 
     // Requests: decodes [0, num_decodes) then prefills, token rows in order.
     struct Req {
@@ -260,10 +271,10 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
             denom += w;
             for (int64_t i = 0; i < V; ++i) acc[i] += w * values[pos * V + i];
           }
+          const int64_t out_base = tok * output.stride(0) + h * output.stride(1);
           for (int64_t i = 0; i < V; ++i) {
-            store_f32(output.data(), output.dtype(),
-                      tok * output.stride(0) + h * output.stride(1) + i * output.stride(2),
-                      static_cast<float>(acc[i] / denom));
+            host::store_rounded_f64(output.data(), output.dtype(), out_base + i * output.stride(2),
+                                    acc[i] / denom / output_divisor);
           }
           if (output_lse.defined()) {
             output_lse.data_as<float>()[h * output_lse.stride(0) + tok * output_lse.stride(1)] =
@@ -277,8 +288,20 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
   // Its prefill is the fp64 one, computed in place (the same arithmetic as the REFERENCE prefill
   // backend).
   std::string_view prefill_backend_name() const override { return "REFERENCE"; }
+  bool fused_output_quant_supported(const QuantKey& key) const override {
+    return key.kind == QuantKey::Kind::fp8_e4m3_per_tensor_static;
+  }
 
  private:
+  // A (T, H * V) output with a unit column stride viewed as (T, H, V); anything else as given.
+  static TensorView as_3d_output(const TensorView& output, int64_t H, int64_t V) {
+    if (output.ndim() == 2 && output.size(1) == H * V && (V <= 1 || output.stride(1) == 1)) {
+      return TensorView(output.data(), output.dtype(), Shape{output.size(0), H, V},
+                        Shape{output.stride(0), V, 1}, Device::cpu);
+    }
+    return output;
+  }
+
   const MLAMetadata& checked_metadata(const AttentionMetadata& metadata, const char* entry) const {
     const auto* md = dynamic_cast<const MLAMetadata*>(&metadata);
     PAGEDATTN_CHECK(md != nullptr, "metadata", kWho, " ", entry,
@@ -334,7 +357,7 @@ class ReferenceMLABackend final : public MLABackend {
 
   std::vector<std::string> validate_configuration(const SelectorConfig& c) const override {
     std::vector<std::string> reasons;
-    mla::add_mla_common_reasons(name(), c, reasons);
+    mla::add_mla_common_reasons(name(), c, reasons, /*fp8_output_supported=*/true);
     if (!c.use_mla) return reasons;
     if (c.device != Device::cpu) {
       reasons.push_back(detail::concat("device = ", device_name(c.device),
@@ -365,7 +388,7 @@ class ReferenceMLABackend final : public MLABackend {
     caps.kv_cache_dtypes = host::kv_cache_dtype_names();
     caps.head_sizes = {};
     caps.attn_types = {AttentionType::decoder};
-    caps.features = {"mla", "lse", "fp8_kv_cache", "batch_invariant"};
+    caps.features = {"mla", "lse", "fp8_output", "fp8_kv_cache", "batch_invariant"};
     return caps;
   }
 };

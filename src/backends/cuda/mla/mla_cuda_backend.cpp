@@ -163,6 +163,13 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
     cache_dtype_ = kv_cache_storage_dtype(params_.kv_cache_dtype, params_.dtype);
   }
 
+  // fp8 e4m3 output: MLACommonImpl stages the decode (cuBLAS) and prefill (mla_prefill.cu, merge)
+  // rows in the activation dtype and quantizes them in one device pass that reads output_scale on
+  // the device (mla_device_ops.cu; an invalid scale writes NaN).
+  bool fused_output_quant_supported(const QuantKey& key) const override {
+    return key.kind == QuantKey::Kind::fp8_e4m3_per_tensor_static;
+  }
+
  protected:
   void check_decode(const LayerScales& scales, const TensorView& kv_cache, const MLAMetadata& metadata,
                     const TensorView& lse) const override {
@@ -255,7 +262,7 @@ class CudaMlaBackend final : public MLABackend {
 
   std::vector<std::string> validate_configuration(const SelectorConfig& config) const override {
     std::vector<std::string> reasons;
-    mla::add_mla_common_reasons(kName, config, reasons);
+    mla::add_mla_common_reasons(kName, config, reasons, /*fp8_output_supported=*/true);
     if (!config.use_mla) return reasons;
     auto add = [&reasons](auto&&... parts) { reasons.push_back(detail::concat(parts...)); };
     if (config.device != Device::cuda) {
@@ -298,7 +305,7 @@ class CudaMlaBackend final : public MLABackend {
     caps.kv_cache_dtypes.assign(std::begin(kKvCacheDtypes), std::end(kKvCacheDtypes));
     caps.head_sizes = {md::kLatent};
     caps.attn_types = {AttentionType::decoder};
-    caps.features = {"mla", "lse", "split_kv", "batch_invariant"};
+    caps.features = {"mla", "lse", "fp8_output", "split_kv", "batch_invariant"};
     return caps;
   }
 };

@@ -4,6 +4,7 @@
 //   detail::cuda_gather_and_maybe_dequant_cache  cache rows of a request's positions -> dst rows
 //   mla::cuda_batched_gemm                   C[b] = A[b] . B[b] through cuBLAS (f32 compute)
 //   mla::cuda_copy_3d                        strided / broadcast / dtype-converting 3-D copy
+//   mla::cuda_quantize_e4m3_3d               the fp8 output pass: e4m3 = saturate(x / scale[0])
 //
 // All enqueue on current_cuda_stream() and never synchronize or read device data on the host.
 //
@@ -12,9 +13,12 @@
 //   concat_and_cache_mla: one CTA of 128 threads per slot; threads over the L + R elements.
 //   gather: a warp per destination row; CTA (request, y) walks its request's rows with stride
 //     gridDim.y * 8 warps (the row count lives on the device: nothing is read on the host).
-//   copy_3d: a warp per (d0, d1) row, lanes over d2.
+//   copy_3d, quantize_e4m3_3d: a warp per (d0, d1) row, lanes over d2.
 // Precision: every stored element is one rounding of the f32 value (RNE); fp8 stores
 // saturate(x / scale) (IEEE division); fp8 reads are exact and multiplied by the scale in f32.
+// quantize_e4m3_3d reads its scale on the device (graph-safe: the value of the moment); one that
+// is not a positive finite number makes every element NaN (e4m3 0x7F), as the attention kernels'
+// output store (attention/output_store.cuh), never a silently wrong finite value.
 // cuBLAS: CUBLAS_COMPUTE_32F (no TF32), each C element rounded once to C's dtype.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -172,6 +176,32 @@ __global__ void __launch_bounds__(256) copy_3d_kernel(const Copy3dParams p) {
   }
 }
 
+// ---- quantize_e4m3_3d -------------------------------------------------------------------------
+
+struct QuantizeParams {
+  const void* src;
+  void* dst;              // e4m3
+  const float* scale;     // (1,) device
+  int64_t d0, d1, d2;
+  int64_t src_s0, src_s1, dst_s0, dst_s1;  // last dims contiguous
+};
+
+template <typename In>
+__global__ void __launch_bounds__(256) quantize_e4m3_3d_kernel(const QuantizeParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  if (row >= p.d0 * p.d1) return;
+  const float scale = __ldg(p.scale);
+  const bool valid = scale > 0.f && scale <= 3.402823466e38f;  // NaN fails both
+  const int64_t i0 = row / p.d1, i1 = row - i0 * p.d1;
+  const In* src = static_cast<const In*>(p.src) + i0 * p.src_s0 + i1 * p.src_s1;
+  __nv_fp8_e4m3* dst = static_cast<__nv_fp8_e4m3*>(p.dst) + i0 * p.dst_s0 + i1 * p.dst_s1;
+  for (int64_t i = threadIdx.x & 31; i < p.d2; i += 32) {
+    // NaN in, NaN out: the saturating conversion keeps NaN (0x7F) for an invalid scale.
+    const float x = valid ? to_f32(src[i]) : __int_as_float(0x7fc00000);
+    dst[i] = from_f32<__nv_fp8_e4m3>(x, scale);
+  }
+}
+
 // ---- cuBLAS -----------------------------------------------------------------------------------
 
 cudaDataType_t cublas_type(DType dtype) {
@@ -306,6 +336,33 @@ void cuda_copy_3d(const TensorView& src, const TensorView& dst) {
       cuda::copy_3d_kernel<In, Out><<<grid, 256, 0, cuda::stream()>>>(p);
       cuda::check_launch("copy_3d_kernel");
     });
+  });
+}
+
+void cuda_quantize_e4m3_3d(const TensorView& src, const TensorView& dst, const TensorView& scale) {
+  PAGEDATTN_CHECK(src.ndim() == 3 && dst.ndim() == 3, "src", "quantize_e4m3_3d: expected 3-D src and dst, got ",
+                  src.shape().str(), " and ", dst.shape().str());
+  for (int i = 0; i < 3; ++i) {
+    PAGEDATTN_CHECK(src.size(i) == dst.size(i), "src", "quantize_e4m3_3d: src shape ", src.shape().str(),
+                    " differs from dst shape ", dst.shape().str());
+  }
+  PAGEDATTN_CHECK(dst.dtype() == DType::fp8_e4m3, "dst", "quantize_e4m3_3d: dst is ", dtype_name(dst.dtype()),
+                  ", expected fp8_e4m3");
+  PAGEDATTN_CHECK(scale.dtype() == DType::f32 && scale.numel() == 1 && scale.device() == Device::cuda, "scale",
+                  "quantize_e4m3_3d: scale is ", scale.describe(), ", expected float32 (1,) on cuda");
+  PAGEDATTN_CHECK(src.stride(2) == 1 || src.size(2) <= 1, "src", "quantize_e4m3_3d: src innermost stride is ",
+                  src.stride(2), ", expected 1");
+  PAGEDATTN_CHECK(dst.stride(2) == 1 || dst.size(2) <= 1, "dst", "quantize_e4m3_3d: dst innermost stride is ",
+                  dst.stride(2), ", expected 1");
+  cuda::QuantizeParams p{src.data(), dst.data(), scale.data_as<const float>(), dst.size(0), dst.size(1), dst.size(2),
+                         src.stride(0), src.stride(1), dst.stride(0), dst.stride(1)};
+  const int64_t rows = p.d0 * p.d1;
+  if (rows == 0 || p.d2 == 0) return;
+  const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
+  cuda::dispatch_dtype<false>(src.dtype(), "src", "quantize_e4m3_3d", [&](auto in) {
+    using In = decltype(in);
+    cuda::quantize_e4m3_3d_kernel<In><<<grid, 256, 0, cuda::stream()>>>(p);
+    cuda::check_launch("quantize_e4m3_3d_kernel");
   });
 }
 

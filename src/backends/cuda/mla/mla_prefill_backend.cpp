@@ -7,6 +7,9 @@
 //                              out 0, LSE -inf.
 // Every argument is checked on the host (shape, dtype, device, strides, alignment); the ragged
 // offsets are read by the kernel from the plan's device arrays (no sync, no allocation).
+// Output in the activation dtype only (its own kernel, not the standard attention kernels'
+// output store): supports_quant_output stays false, and a layer with fused fp8 output has
+// MLACommonImpl stage these rows and quantize them in one pass (mla_common_impl.cpp).
 #if PAGEDATTN_HAS_CUDA
 
 #include <string>
