@@ -60,6 +60,9 @@ struct BenchCase {
   // fp8 e4m3 output (grid fp8out): fused (the kernels write it, output_scale) or separate (bf16
   // output, then a quantize pass over it, as an engine without the fusion runs it).
   enum class Fp8Out { none, fused, separate } fp8_out = Fp8Out::none;
+  // grid fp8q: the query given pre-quantized (e4m3 with q_scale, supports_quant_query_input)
+  // instead of bf16 (which the fp8 kernel quantizes per row itself).
+  bool quant_query = false;
 };
 
 // The separate quantization the fused fp8 output replaces: bf16 -> e4m3 = x / scale[0], saturated
@@ -97,7 +100,7 @@ BenchResult run_case(const BenchCase& bc, const Ceilings& ceil) {
     kv_bytes += double(seq) * hkv * 2 * d * dtype_size(kv_dtype);
     for (int i = 0; i < r.query; ++i) flops += 4.0 * d * hq * (r.context + i + 1);
   }
-  const double io_bytes = kv_bytes + 2.0 * num_tokens * hq * d * 2;  // + Q read, O written
+  const double io_bytes = kv_bytes + (bc.quant_query ? 3.0 : 4.0) * num_tokens * hq * d;  // + Q read, O written
   const int rotations = static_cast<int>(std::clamp(std::ceil(256e6 / kv_bytes), 1.0, 8.0));
   const int64_t num_blocks = blocks_per_plan * rotations + 1;
 
@@ -119,9 +122,11 @@ BenchResult run_case(const BenchCase& bc, const Ceilings& ceil) {
   Tensor cache = backend.allocate_kv_cache(num_blocks, bs, hkv, d, kv_dtype, Device::cuda);
   set_kv_cache_layout(std::nullopt);
   fill(cache.data(), cache.numel(), kv_dtype, 11);
-  Tensor query(Shape{num_tokens, hq, d}, DType::bf16, Device::cuda);
+  const DType q_dtype = bc.quant_query ? DType::fp8_e4m3 : DType::bf16;
+  Tensor query(Shape{num_tokens, hq, d}, q_dtype, Device::cuda);
   Tensor output(Shape{num_tokens, hq, d}, DType::bf16, Device::cuda);
-  fill(query.data(), query.numel(), DType::bf16, 12);
+  fill(query.data(), query.numel(), q_dtype, 12);
+  if (bc.quant_query) scales.q_scale = 1.f / 32.f;
   using Fp8Out = BenchCase::Fp8Out;
   Tensor output8, output_scale;  // fp8out rows
   if (bc.fp8_out != Fp8Out::none) {
@@ -319,6 +324,24 @@ std::vector<BenchCase> make_grid(bool quick, bool e5m2) {
         c.grid = "fp8out";
         c.name = std::string(shape) + suffix;
         c.fp8_out = mode;
+        c.batch = batch;
+        cases.push_back(c);
+      }
+    }
+  }
+  // A pre-quantized e4m3 query (q_scale) against a bf16 one over an e4m3 cache (issue 19), d 128.
+  if (!quick) {
+    const std::pair<const char*, std::vector<Request>> shapes[] = {
+        {"decode b128x4k", std::vector<Request>(128, Request{4095, 1})},
+        {"prefill 4x4k causal", std::vector<Request>(4, Request{0, 4096})},
+        {"prefill 1x16k causal", std::vector<Request>(1, Request{0, 16384})}};
+    for (const auto& [shape, batch] : shapes) {
+      for (const bool quant : {false, true}) {
+        BenchCase c;
+        c.grid = "fp8q";
+        c.kv_cache_dtype = "fp8_e4m3";
+        c.name = std::string(shape) + (quant ? " e4m3 query" : " bf16 query");
+        c.quant_query = quant;
         c.batch = batch;
         cases.push_back(c);
       }

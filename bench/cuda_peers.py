@@ -22,7 +22,8 @@ row with one printed line.
                bf16 Q on a bf16 or fp8 e4m3 cache (k_scale / v_scale given to run(), as vLLM does).
                plan() outside the timed region, run() inside. Every module the rows need is JIT-built
                first in one parallel ninja run, into $FLASHINFER_WORKSPACE_BASE (default /tmp/...).
-The fp8out rows (fused fp8 output against bf16 output + a separate quantize) are ours only.
+The fp8out rows (fused fp8 output against bf16 output + a separate quantize) and the fp8q rows (an e4m3
+query against a bf16 one over an e4m3 cache) are ours only; the fp8 prefill rows have FA3 on fp8 Q, K, V.
 fa3 and flashinfer calls are timed as CUDA graphs, one per rotation, as bench/cuda_attention_bench
 times ours (eagerly if capture fails: "graph": false). Times: CUDA events, median of 5 repeats, the
 inputs rotated over up to 8 copies so the KV does not sit in L2; random inputs, never zeros.
@@ -582,7 +583,7 @@ def main():
         if peer in ("sdpa", "cudnn"):
             backend = SDPBackend.FLASH_ATTENTION if peer == "sdpa" else SDPBackend.CUDNN_ATTENTION
             each(main_rows, "sdpa_flash" if peer == "sdpa" else "sdpa_cudnn",
-                 lambda r: None if r["grid"] in ("mixed", "spec", "fp8out") else (r["grid"], no_hnd(r), r["head_size"]),
+                 lambda r: None if r["grid"] in ("mixed", "spec", "fp8out", "fp8q") else (r["grid"], no_hnd(r), r["head_size"]),
                  lambda r, b=backend: peer_row(r, b))
         elif peer == "flex":
             each(main_rows, "flex",
@@ -595,7 +596,7 @@ def main():
                 log(f"fa3: skipped ({short(e)})")
                 continue
             out["versions"]["fa3_fwd"] = fa3.version
-            each(main_rows, "fa3", lambda r: None if r["grid"] == "fp8out" else
+            each(main_rows, "fa3", lambda r: None if r["grid"] in ("fp8out", "fp8q") else
                  (r["grid"], no_hnd(r), r["head_size"], r["kv_cache_dtype"]),
                  lambda r: fa3.run(row_requests(r), r["num_heads"], r["num_kv_heads"], r["head_size"], r["head_size"],
                                    r["kv_cache_dtype"] != "auto", 1.0 / math.sqrt(r["head_size"]), r["kv_bytes"],
@@ -616,7 +617,7 @@ def main():
             out["versions"]["flashinfer"] = fi.version + (" (decode: tensor cores)" if fi.decode_tc else "")
             kvdt = lambda r: FP8 if r["kv_cache_dtype"] != "auto" else BF16  # noqa: E731
             kind = lambda r: "decode" if r["grid"] == "decode" else "prefill"  # noqa: E731
-            use = lambda r: r["grid"] != "fp8out" and (r["grid"] == "decode" or r["head_size"] in fi_prefill_ds)  # noqa: E731
+            use = lambda r: r["grid"] not in ("fp8out", "fp8q") and (r["grid"] == "decode" or r["head_size"] in fi_prefill_ds)  # noqa: E731
             configs = {(kind(r), kvdt(r), r["head_size"]) for r, _ in main_rows if use(r)}
             if any(r["grid"] == "decode" and mla_shape(r) for r, _ in mla_rows):
                 configs.add(("mla", BF16, 0))

@@ -287,7 +287,8 @@ struct BackendCapabilities {
   std::vector<int> head_sizes;         // empty = any
   std::vector<AttentionType> attn_types;
   std::vector<std::string> features;   // "alibi", "sliding_window", "soft_cap", "sinks", "lse",
-                                       // "cascade", "fp8_output", "head_size_v", "mla", ...
+                                       // "cascade", "fp8_output", "quant_query" (an e4m3
+                                       // query with q_scale), "head_size_v", "mla", ...
 };
 
 class AttentionBackend {

@@ -136,6 +136,9 @@ class Attention {
 
   // query (T, Hq, D), key/value (T, Hkv, D / Dv) or empty for a kv-sharing layer and for a
   // cross layer whose encoder K/V are already cached; output (T, Hq, Dv); output_lse (Hq, T).
+  // The query is in the layer dtype, or fp8_e4m3 quantized with scales().q_scale (q = q8 *
+  // q_scale) when impl().supports_quant_query_input() (an fp8 cache on CUDA or REFERENCE): the
+  // caller quantizes it (vLLM's layer does, with its query_quant; see README, Deviations).
   void forward(const TensorView& query, const TensorView& key, const TensorView& value,
                const TensorView& kv_cache, const AttentionMetadata& metadata,
                const TensorView& output, const TensorView& output_lse = {},

@@ -189,6 +189,8 @@ class Attention:
     v_scale: float
     @property
     def kv_scales_pending(self) -> bool: ...
+    @property
+    def supports_quant_query_input(self) -> bool: ...
     num_heads: int
     head_size: int
     head_size_v: int

@@ -171,7 +171,8 @@ class Attention(_C._Attention):
 
         query: ``(T, Hq, D)``; key, value: ``(T, Hkv, D)`` / ``(T, Hkv, Dv)`` (None for a
         KV-sharing layer, or a cross layer whose encoder K/V are already cached); all in the
-        layer's ``dtype`` and on its device. kv_cache: from ``allocate_kv_cache`` (None for
+        layer's ``dtype`` and on its device. Where ``supports_quant_query_input``, the query may
+        instead be float8_e4m3fn holding ``q / q_scale`` (the output stays in ``dtype``). kv_cache: from ``allocate_kv_cache`` (None for
         encoder / encoder_only layers). attn_metadata: ``metadata_builder().build(common)``.
         output: optional ``(T, Hq, Dv)`` buffer written in place (the same object is returned);
         None allocates one beside ``query`` (NumPy for NumPy, torch on the same device for torch).

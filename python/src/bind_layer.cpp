@@ -218,7 +218,13 @@ void bind_layer(nb::module_& m) {
           "output"_a, "output_lse"_a.none(), "output_scale"_a.none())
       .def_prop_rw(
           "q_scale", [](const Attention& a) { return a.scales().q_scale; },
-          [](Attention& a, float s) { a.scales().q_scale = s; }, "Query scale (fp8 query input).")
+          [](Attention& a, float s) { a.scales().q_scale = s; },
+          "Query scale: an fp8_e4m3 query holds q / q_scale (see supports_quant_query_input).")
+      .def_prop_ro(
+          "supports_quant_query_input",
+          [](Attention& a) { return a.impl().supports_quant_query_input(); },
+          "Whether forward accepts an fp8_e4m3 query quantized with q_scale (an fp8 cache on "
+          "CUDA or REFERENCE; vLLM's impl.supports_quant_query_input()).")
       .def_prop_rw(
           "k_scale", [](const Attention& a) { return a.scales().k_scale; },
           [](Attention& a, float s) { a.scales().k_scale = s; },

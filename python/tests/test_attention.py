@@ -269,6 +269,32 @@ def test_fused_fp8_output(fw, rng):
     assert rel_err(fw.host(out) * scale, ref) <= FP8_TOLERANCE
 
 
+def test_quantized_query_input(fw, rng):
+    # An fp8 cache on a backend with "quant_query" (REFERENCE here, CUDA on a GPU) accepts a
+    # float8_e4m3fn query holding q / q_scale; the output stays in the layer dtype.
+    backend = "CUDA" if fw.device == "cuda" else "REFERENCE"
+    layer = make_layer(fw, "bfloat16", 8, 64, backend=backend, num_kv_heads=2, kv_cache_dtype="fp8")
+    assert layer.supports_quant_query_input
+    assert "quant_query" in layer.backend.capabilities()["features"]
+    batch = make_batch(rng, [1, 6, 1], [25, 3, 40], 16, 2, 64)
+    cache = prepare_cache(fw, layer, batch, 64)
+    q_scale = 0.0137  # not a power of two
+    layer.q_scale = q_scale
+    query = fw.array(rng.standard_normal((batch.num_tokens, 8, 64)) / q_scale, "float8_e4m3fn")
+    k, v = batch.new_kv()
+    key, value = fw.array(k, "bfloat16"), fw.array(v, "bfloat16")
+    out = layer.forward(query, key, value, cache, layer.metadata_builder().build(batch.common()))
+    assert "bfloat16" in str(out.dtype)
+    ref, _ = reference_forward(batch, fw.host(query) * q_scale, fw.host(cache), oracle_args(layer), 64)
+    assert rel_err(fw.host(out), ref) <= FP8_TOLERANCE
+    # Without an fp8 cache the query must be in the layer dtype.
+    plain = make_layer(fw, "bfloat16", 8, 64, backend=backend, num_kv_heads=2)
+    assert not plain.supports_quant_query_input
+    with pytest.raises(pagedattn.Error, match="query"):
+        plain.forward(query, key, value, prepare_cache(fw, plain, batch, 64),
+                      plain.metadata_builder().build(batch.common()))
+
+
 def test_kv_sharing_layer_reads_the_target_cache(fw, rng):
     model = pagedattn.StaticForwardContext()
     first = make_layer(fw, "float32", 4, 32, num_kv_heads=2, prefix="layers.0.attn",

@@ -254,8 +254,15 @@ void Attention::forward(const TensorView& query, const TensorView& key, const Te
                       query.size(2) == d,
                   "query", "Attention '", layer, "': query is ", query.describe(),
                   ", expected (num_tokens, ", hq, ", ", d, ") = (num_tokens, num_heads, head_size)");
-  PAGEDATTN_CHECK(query.dtype() == dtype, "query", "Attention '", layer, "': query is ",
-                  dtype_name(query.dtype()), ", expected the layer dtype ", dtype_name(dtype));
+  // A pre-quantized query (vLLM's query_quant output): e4m3, q = q8 * scales().q_scale, where the
+  // impl supports_quant_query_input (an fp8 cache on CUDA or REFERENCE).
+  const bool quant_query = query.dtype() == DType::fp8_e4m3 && impl_->supports_quant_query_input();
+  PAGEDATTN_CHECK(query.dtype() == dtype || quant_query, "query", "Attention '", layer,
+                  "': query is ", dtype_name(query.dtype()), ", expected the layer dtype ",
+                  dtype_name(dtype),
+                  impl_->supports_quant_query_input()
+                      ? " (or fp8_e4m3, a query quantized with scales().q_scale)"
+                      : "");
   PAGEDATTN_CHECK(query.device() == device, "query", "Attention '", layer, "': query is on ",
                   device_name(query.device()), ", expected the layer device ", device_name(device));
   const int64_t num_tokens = query.size(0);

@@ -198,6 +198,7 @@ std::string ConformanceCase::describe() const {
   if (sinks) os << " sinks";
   if (return_lse) os << " lse";
   if (fp8_output) os << " fp8_output";
+  if (quant_query) os << " quant_query";
   if (per_head_kv_scales) os << " per_head_scales";
   if (cascade_prefix > 0) os << " cascade_prefix=" << cascade_prefix;
   if (pad_tokens > 0) os << " pad=" << pad_tokens;
@@ -290,6 +291,7 @@ enum class Feature {
   fp8_e4m3,
   fp8_e5m2_per_head,
   fp8_output,
+  quant_query,
   head_size_v_smaller,
   head_size_v_larger,
   cascade,
@@ -348,6 +350,13 @@ ConformanceCase apply_feature(ConformanceCase c, Feature f, size_t index) {
       break;
     case Feature::fp8_output:
       c.fp8_output = true;
+      break;
+    case Feature::quant_query:  // a pre-quantized query over an fp8 cache, GQA
+      c.kv_cache_dtype = "fp8_e4m3";
+      c.quant_query = true;
+      c.num_heads = 8;
+      c.num_kv_heads = 2;
+      c.return_lse = true;
       break;
     case Feature::head_size_v_smaller:
       c.head_size_v = c.head_size / 2;
@@ -420,6 +429,7 @@ constexpr Feature kAllFeatures[] = {Feature::plain,
                                     Feature::fp8_e4m3,
                                     Feature::fp8_e5m2_per_head,
                                     Feature::fp8_output,
+                                    Feature::quant_query,
                                     Feature::head_size_v_smaller,
                                     Feature::head_size_v_larger,
                                     Feature::cascade,
@@ -633,6 +643,15 @@ CaseInputs make_inputs(const ConformanceCase& c, uint64_t seed) {
     for (int h = 0; h < hq; ++h) in.sinks.push_back(values.uniform(-1.f, 2.f));
   }
   in.output_scale = 1.f / 128.f;
+  if (c.quant_query) {
+    // The query as a caller quantizes it: e4m3(q / q_scale), q_scale not a power of two.
+    in.q_scale = values.uniform(0.01f, 0.02f);
+    Tensor q8(in.query.shape(), DType::fp8_e4m3, Device::cpu);
+    for (int64_t i = 0; i < q8.numel(); ++i) {
+      store_f32(q8.data(), DType::fp8_e4m3, i, load_f32(in.query.data(), c.dtype, i) / in.q_scale);
+    }
+    in.query = std::move(q8);
+  }
   return in;
 }
 
@@ -654,6 +673,7 @@ PreparedRun prepare_run(const AttentionBackend& backend, Device device, const Ca
     run.own_impl = backend.make_impl(case_impl_params(in, device));
   }
   LayerScales& scales = run.scales();
+  scales.q_scale = in.q_scale;
   scales.k_scale = in.k_scale;
   scales.v_scale = in.v_scale;
   if (!in.k_scale_per_head.empty()) {
@@ -878,6 +898,11 @@ std::vector<std::string> unsupported_reasons(const AttentionBackend& backend, De
   const auto has = [&caps](std::string_view feature) {
     return std::find(caps.features.begin(), caps.features.end(), feature) != caps.features.end();
   };
+  if (c.quant_query && !has("quant_query")) {
+    reasons.push_back(
+        "The case gives an fp8_e4m3 query but the backend's capabilities do not list "
+        "\"quant_query\".");
+  }
   if (c.return_lse && !has("lse")) {
     reasons.push_back(
         "The case asks for the LSE output but the backend's capabilities do not list "

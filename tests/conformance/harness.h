@@ -54,6 +54,7 @@ struct ConformanceCase {
   bool sinks = false;
   bool return_lse = false;
   bool fp8_output = false;
+  bool quant_query = false;          // an fp8_e4m3 query with q_scale (fp8 caches; "quant_query")
   bool per_head_kv_scales = false;  // fp8 caches: per-kv-head k/v scales instead of per tensor
   int cascade_prefix = 0;           // tokens shared by every request (multiple of block_size,
                                     // <= every context_len); passed to build() as
@@ -100,7 +101,7 @@ struct CaseInputs {
   std::vector<int64_t> context_slot_mapping;  // (num_context_tokens,) -1 where the shared prefix
                                               // was already written by request 0
   std::vector<int32_t> context_start;         // (num_reqs + 1,) rows of request r's context
-  Tensor query;                               // (num_tokens, Hq, D)
+  Tensor query;                               // (num_tokens, Hq, D); fp8_e4m3 when quant_query
   Tensor key, value;                  // (num_tokens, Hkv, D / Dv) new tokens; undefined for cross
   Tensor context_key, context_value;  // (num_context_tokens, Hkv, D / Dv); rows of request r are
                                       // [context_start[r], context_start[r+1]) = positions 0..
@@ -109,6 +110,7 @@ struct CaseInputs {
   std::vector<float> k_scale_per_head, v_scale_per_head;  // (Hkv,) when per_head_kv_scales
   std::vector<float> alibi_slopes, sinks;                 // (Hq,) when enabled
   float output_scale = 1.f;                               // fp8 output divisor
+  float q_scale = 1.f;                                    // quant_query: query = e4m3(q / q_scale)
   uint64_t cache_fill_seed = 0;  // seed of the stale-data fill of every cache
 
   int num_reqs() const { return static_cast<int>(c.batch.size()); }

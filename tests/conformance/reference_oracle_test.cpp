@@ -104,7 +104,7 @@ OracleResult naive_attention(const CaseInputs& in, bool causal_decoder = true) {
           double dot = 0;
           for (int x = 0; x < d; ++x)
             dot += at(in.query, t, h, x) * K[(static_cast<size_t>(j) * hkv + g) * d + x];
-          double s = in.scale * dot;
+          double s = in.scale * (c.quant_query ? static_cast<double>(in.q_scale) : 1.0) * dot;  // q = q8 * q_scale
           if (c.soft_cap) s = *c.soft_cap * std::tanh(s / *c.soft_cap);
           if (c.alibi)
             s -= in.alibi_slopes[static_cast<size_t>(h)] * std::abs(static_cast<double>(p - j));
@@ -245,6 +245,12 @@ std::vector<std::pair<std::string, ConformanceCase>> oracle_cases() {
   add("head_size_v_smaller", [](ConformanceCase& c) { c.head_size_v = 10; });
   add("head_size_v_larger", [](ConformanceCase& c) { c.head_size_v = 40; });
   add("fp8_output", [](ConformanceCase& c) { c.fp8_output = true; });
+  add("quant_query_soft_cap_alibi", [](ConformanceCase& c) {  // q = q8 * q_scale before the cap
+    c.kv_cache_dtype = "fp8_e4m3";
+    c.quant_query = true;
+    c.soft_cap = 1.f;
+    c.alibi = true;
+  });
   add("padded_tokens", [](ConformanceCase& c) { c.pad_tokens = 4; });
   add("empty_queries", [](ConformanceCase& c) { c.batch = {{0, 0}, {5, 0}, {7, 2}, {0, 0}}; });
   add("no_query_tokens", [](ConformanceCase& c) { c.batch = {{5, 0}, {0, 0}}; });

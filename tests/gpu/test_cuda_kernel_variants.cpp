@@ -125,7 +125,9 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
     ConformanceCase fp8 = cases[i];
     fp8.kv_cache_dtype = "fp8_e4m3";
     fp8.per_head_kv_scales = i % 2 == 1;
+    fp8.quant_query = i % 3 == 0;  // a pre-quantized e4m3 query with q_scale
     cases.push_back(fp8);
+    fp8.quant_query = false;
     if (i % 2 == 0) {
       fp8.kv_cache_dtype = "fp8_e5m2";
       fp8.per_head_kv_scales = i % 4 == 0;
@@ -135,6 +137,8 @@ std::vector<ConformanceCase> prefill_cases(const std::vector<int>& head_sizes) {
   ConformanceCase fp8 = cases[0];
   fp8.kv_cache_dtype = "fp8_e4m3";
   fp8.head_size = head_sizes[0];
+  cases.push_back(fp8);
+  fp8.quant_query = true;
   cases.push_back(fp8);
   // Speculative decodes of 8 tokens at GQA 4 (32 rows: prefill-path items) beside shorter ones.
   for (int d : head_sizes) {
@@ -340,6 +344,7 @@ std::vector<ConformanceCase> decode_cases() {
           case 4:
             c.kv_cache_dtype = "fp8_e4m3";
             c.per_head_kv_scales = true;
+            c.quant_query = index % 2 == 0;
             break;
           case 5:
             c.kv_cache_dtype = index % 2 ? "fp8_e5m2" : "auto";
@@ -351,6 +356,7 @@ std::vector<ConformanceCase> decode_cases() {
         if (feature >= 1 && feature <= 3) {  // the same window / ALiBi + soft-cap / sinks over an fp8 cache
           c.kv_cache_dtype = index % 2 ? "fp8_e4m3" : "fp8_e5m2";
           c.per_head_kv_scales = feature == 2;
+          c.quant_query = feature == 1;  // e4m3 query (q_scale) over both fp8 formats
           cases.push_back(c);
         }
       }
@@ -369,6 +375,7 @@ std::vector<ConformanceCase> decode_cases() {
       c.num_speculative_tokens = d == 64 ? 7 : 3;
       c.return_lse = true;
       c.fp8_output = d == 128 && std::string(kv) == "auto";
+      c.quant_query = std::string(kv) == "fp8_e4m3";
       c.batch = d == 64 ? std::vector<conformance::RequestShape>{{300, 8}, {77, 5}, {1500, 2}, {0, 4}, {1000, 1}, {64, 8}}
                         : std::vector<conformance::RequestShape>{{300, 4}, {77, 3}, {1500, 2}, {0, 4}, {1000, 1}, {64, 4}};
       cases.push_back(c);

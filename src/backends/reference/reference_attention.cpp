@@ -214,6 +214,10 @@ ReferenceAttentionImpl::ReferenceAttentionImpl(AttentionImplParams params)
   cache_dtype_ = kv_cache_storage_dtype(params_.kv_cache_dtype, params_.dtype);
 }
 
+bool ReferenceAttentionImpl::supports_quant_query_input() const {
+  return is_fp8(cache_dtype_) && uses_kv_cache(params_.attn_type);
+}
+
 bool ReferenceAttentionImpl::fused_output_quant_supported(const QuantKey& key) const {
   return key.kind == QuantKey::Kind::fp8_e4m3_per_tensor_static;
 }
@@ -273,7 +277,19 @@ void ReferenceAttentionImpl::check_forward(const LayerScales& scales, const Tens
   const DType activation[] = {params_.dtype};
   check_defined(query, "query");
   check_device(query, "query", Device::cpu);
-  check_dtype(query, "query", activation);
+  // A pre-quantized query (supports_quant_query_input): e4m3, q = q8 * scales.q_scale.
+  const bool quant_query = query.dtype() == DType::fp8_e4m3;
+  if (quant_query) {
+    PAGEDATTN_CHECK(supports_quant_query_input(), "query", "REFERENCE forward: query is ",
+                    query.describe(), " but a quantized (fp8_e4m3) query needs an fp8 KV cache ",
+                    "(kv_cache_dtype = ", params_.kv_cache_dtype, "): expected ",
+                    dtype_name(params_.dtype));
+    PAGEDATTN_CHECK(std::isfinite(scales.q_scale) && scales.q_scale > 0.f, "scales.q_scale",
+                    "REFERENCE forward: q_scale = ", scales.q_scale,
+                    " must be a positive finite number for an fp8_e4m3 query");
+  } else {
+    check_dtype(query, "query", activation);
+  }
   check_ndim(query, "query", 3);
   PAGEDATTN_CHECK(
       query.size(0) >= num_tokens && query.size(1) == num_heads && query.size(2) == head_size,
@@ -346,6 +362,7 @@ void ReferenceAttentionImpl::forward(const LayerScales& scales, const TensorView
   const bool cached = uses_kv_cache(type);
   const double output_divisor =
       output_scale.defined() ? load_f64(output_scale.data(), DType::f32, 0) : 1.0;
+  const double q_factor = query.dtype() == DType::fp8_e4m3 ? static_cast<double>(scales.q_scale) : 1.0;
   const KVCacheViews views = cached ? split_kv_cache(kv_cache, head_size, head_size_v) : KVCacheViews{};
 
   // -- compute: one independent row per (token, query head) --
@@ -370,8 +387,8 @@ void ReferenceAttentionImpl::forward(const LayerScales& scales, const TensorView
 
     std::array<double, kMaxHeadSize> q{};
     for (int d = 0; d < head_size; ++d) {
-      q[d] = load_f64(query.data(), query.dtype(),
-                      t * query.stride(0) + h * query.stride(1) + d * query.stride(2));
+      q[d] = q_factor * load_f64(query.data(), query.dtype(),
+                                 t * query.stride(0) + h * query.stride(1) + d * query.stride(2));
     }
     RowParams row;
     row.query = q.data();

@@ -96,7 +96,7 @@ class ReferenceBackend final : public AttentionBackend {
                        AttentionType::encoder_decoder};
     caps.features = {
         "alibi",   "sliding_window",    "soft_cap",    "sinks",        "lse",
-        "cascade", "fp8_output",        "head_size_v", "fp8_kv_cache", "per_head_kv_scales",
+        "cascade", "fp8_output",        "quant_query", "head_size_v", "fp8_kv_cache", "per_head_kv_scales",
         "gqa",     "non_causal_decoder", "batch_invariant"};
     return caps;
   }

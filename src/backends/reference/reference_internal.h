@@ -56,7 +56,7 @@ class ReferenceAttentionImpl final : public AttentionImpl {
   bool can_return_lse_for_decode() const override { return true; }
   // The query is never quantized: LayerScales::q_scale is ignored (vLLM only applies q_scale
   // when the impl declares quantized query input).
-  bool supports_quant_query_input() const override { return false; }
+  bool supports_quant_query_input() const override;  // fp8 caches: an e4m3 query times q_scale
   bool fused_output_quant_supported(const QuantKey& key) const override;
 
  private:

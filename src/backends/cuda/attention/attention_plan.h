@@ -80,9 +80,11 @@ struct PlanHeader {
 
 // Kernel parameters (passed by value). Strides in elements.
 struct AttentionKernelParams {
-  // query (T, Hq, D):(q_token_stride, q_head_stride, 1)
+  // query (T, Hq, D):(q_token_stride, q_head_stride, 1) in the activation dtype, or fp8 e4m3 when
+  // query_fp8 (a pre-quantized query: q = q8 * q_scale, the q_scale folded into `scale`)
   const void* query;
   int64_t q_token_stride, q_head_stride;
+  int32_t query_fp8;
   // output (T, Hq, D):(o_token_stride, o_head_stride, 1), activation dtype, or fp8 e4m3 when
   // output_scale is given: (1,) f32 on the device, output = o / output_scale[0] (output_store.cuh)
   void* output;
@@ -113,7 +115,7 @@ struct AttentionKernelParams {
   int32_t head_size_qk, head_size_v;
   int32_t num_heads, num_kv_heads, group_size;
   int32_t fp8_format;          // 0: 16-bit KV, 1: e4m3, 2: e5m2
-  float scale;                 // softmax scale
+  float scale;                 // softmax scale (times q_scale for an e4m3 query)
   float k_scale, v_scale;      // fp8 dequantization (1 otherwise)
   const float* k_scale_per_head;  // (Hkv,) or nullptr
   const float* v_scale_per_head;

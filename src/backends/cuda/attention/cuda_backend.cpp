@@ -128,7 +128,7 @@ class CudaBackend final : public AttentionBackend {
     caps.attn_types = {AttentionType::decoder, AttentionType::encoder, AttentionType::encoder_only,
                        AttentionType::encoder_decoder};
     caps.features = {"alibi", "sliding_window", "soft_cap", "sinks", "lse", "split_kv", "cudagraph",
-                     "cascade", "head_size_v", "fp8_output", "batch_invariant"};
+                     "cascade", "head_size_v", "fp8_output", "quant_query", "batch_invariant"};
     return caps;
   }
 };

@@ -143,7 +143,9 @@ class CudaAttentionImpl final : public AttentionImpl {
                                       const AttentionMetadata& metadata, const TensorView& output,
                                       const TensorView& output_scale, const TensorView& output_lse) const;
   bool can_return_lse_for_decode() const override { return true; }
-  bool supports_quant_query_input() const override { return false; }
+  // A pre-quantized e4m3 query (q = q8 * scales.q_scale) with an fp8 cache, as vLLM's FA3 path:
+  // converted exactly to the activation type on load (the fp8 kernel takes its bytes as they are).
+  bool supports_quant_query_input() const override;
   // Fused fp8 e4m3 output (static per-tensor output_scale, output_store.cuh).
   bool fused_output_quant_supported(const QuantKey& key) const override {
     return key.kind == QuantKey::Kind::fp8_e4m3_per_tensor_static;

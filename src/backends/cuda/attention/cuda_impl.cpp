@@ -88,6 +88,10 @@ CudaAttentionImpl::CudaAttentionImpl(AttentionImplParams params) : AttentionImpl
   sinks_ = upload_f32(params_.sinks);
 }
 
+bool CudaAttentionImpl::supports_quant_query_input() const {
+  return is_fp8(cache_dtype_) && uses_kv_cache(params_.attn_type);
+}
+
 const CudaAttentionMetadata& CudaAttentionImpl::checked_metadata(const AttentionMetadata& metadata,
                                                                  std::string_view entry) const {
   const auto* md = dynamic_cast<const CudaAttentionMetadata*>(&metadata);
@@ -146,7 +150,18 @@ void CudaAttentionImpl::check_forward(const LayerScales& scales, const TensorVie
   const int head_size_v = params_.value_head_size();
   const int64_t num_tokens = md.num_actual_tokens;
   const bool cached = uses_kv_cache(params_.attn_type);
-  check_tensor(query, "query", params_.dtype, Shape{num_tokens, num_heads, head_size}, 1);
+  // The query: the activation dtype, or e4m3 (scaled by q_scale) when supports_quant_query_input.
+  const bool quant_query = query.defined() && query.dtype() == DType::fp8_e4m3;
+  if (quant_query) {
+    PAGEDATTN_CHECK(supports_quant_query_input(), "query", "CUDA forward: query is ", query.describe(),
+                    " but a quantized (fp8_e4m3) query needs an fp8 KV cache (kv_cache_dtype = ",
+                    params_.kv_cache_dtype, "): expected ", dtype_name(params_.dtype));
+    PAGEDATTN_CHECK(std::isfinite(scales.q_scale) && scales.q_scale > 0.f, "scales.q_scale",
+                    "CUDA forward: q_scale = ", scales.q_scale,
+                    " must be a positive finite number for an fp8_e4m3 query");
+  }
+  check_tensor(query, "query", quant_query ? DType::fp8_e4m3 : params_.dtype,
+               Shape{num_tokens, num_heads, head_size}, 1);
   check_vector_rows(query, "query", 2);
   // Fused fp8 output: output is e4m3 = o / output_scale[0]; the scale is (1,) f32 on the device and
   // read there (a value that is not positive and finite gives NaN rows: output_store.cuh).
@@ -248,6 +263,7 @@ AttentionKernelParams CudaAttentionImpl::kernel_params(const LayerScales& scales
   p.query = query.data();
   p.q_token_stride = query.stride(0);
   p.q_head_stride = query.stride(1);
+  p.query_fp8 = query.dtype() == DType::fp8_e4m3 ? 1 : 0;
   p.output = output.data();
   p.o_token_stride = output.stride(0);
   p.o_head_stride = output.stride(1);
@@ -268,7 +284,7 @@ AttentionKernelParams CudaAttentionImpl::kernel_params(const LayerScales& scales
   p.num_kv_heads = num_kv_heads;
   p.group_size = num_heads / num_kv_heads;
   p.fp8_format = fp8_format_of(cache_dtype_);
-  p.scale = params_.scale;
+  p.scale = p.query_fp8 ? params_.scale * scales.q_scale : params_.scale;
   p.k_scale = k_scale;
   p.v_scale = v_scale;
   p.k_scale_per_head = k_scale_per_head;

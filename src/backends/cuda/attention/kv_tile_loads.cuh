@@ -163,11 +163,26 @@ __device__ __forceinline__ void convert_kv_tile(const char* raw, char* converted
 }
 
 // Copies `rows` packed query rows into shared memory (zero rows past the item, zero columns
-// past head_size_qk).
+// past head_size_qk): cp.async for a 16-bit query, converting loads for an e4m3 one.
 template <class Tr, typename T>
 __device__ __forceinline__ void load_q_tile(const AttentionKernelParams& p, const ItemContext& ctx,
                                             int rows, T* q_smem) {
   const int q_chunks = p.head_size_qk / 8;
+  if (p.query_fp8) {
+    load_q8_rows<T>(
+        p, rows * Tr::kChunks,
+        [&](int idx, int64_t& elem) {
+          const int row = idx / Tr::kChunks, c = idx - row * Tr::kChunks;
+          if (row >= ctx.item.num_rows || c >= q_chunks) return false;
+          elem = row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride + c * 8;
+          return true;
+        },
+        [&](int idx) {
+          const int row = idx / Tr::kChunks;
+          return q_smem + row * Tr::kRowStride + (idx - row * Tr::kChunks) * 8;
+        });
+    return;
+  }
   for (int idx = threadIdx.x; idx < rows * Tr::kChunks; idx += kThreadsPerCta) {
     const int row = idx / Tr::kChunks;
     const int c = idx - row * Tr::kChunks;

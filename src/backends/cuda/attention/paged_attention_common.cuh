@@ -23,9 +23,35 @@
 
 #include "backends/cuda/attention/attention_plan.h"
 #include "backends/cuda/attention/output_store.cuh"
+#include "backends/cuda/common/async_primitives.cuh"
 #include "backends/cuda/common/device_primitives.cuh"
 
 namespace pagedattn::cuda {
+
+// An e4m3 query (p.query_fp8: q8 = q / q_scale, q_scale folded into p.scale) into shared memory
+// as T, for the CTA-wide Q loaders: `count` chunks of 8 elements; chunk i reads element offset
+// `elem` of p.query when src(i, elem) is true (else zeros) and is stored at dst(i). The 8-byte
+// loads go out 4 at a time before their exact conversions and stores (a thread waits about
+// count / (4 x threads) load latencies, once per item); the barrier that waits for the item's
+// first K/V copies covers the stores.
+template <typename T, class Src, class Dst>
+__device__ __forceinline__ void load_q8_rows(const AttentionKernelParams& p, int count, Src src, Dst dst) {
+  const uint8_t* q = static_cast<const uint8_t*>(p.query);
+  for (int base = threadIdx.x; base < count; base += 4 * kThreadsPerCta) {
+    uint2 raw[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = base + u * kThreadsPerCta;
+      int64_t elem = 0;
+      raw[u] = i < count && src(i, elem) ? *reinterpret_cast<const uint2*>(q + elem) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = base + u * kThreadsPerCta;
+      if (i < count) *reinterpret_cast<uint4*>(dst(i)) = fp8x8_to_16bit<T>(raw[u], 1);
+    }
+  }
+}
 
 template <int D, typename T, bool kFp8>
 struct AttentionTraits {

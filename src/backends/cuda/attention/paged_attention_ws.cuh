@@ -178,8 +178,12 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   if constexpr (kFp8) {
     const int qrow = 16 * warp + quad_row;
     uint32_t words[2][D / 16];
-    ws_q_amax_e4m3<D, T>(q_smem, qrow, q_row_scale);
-    ws_q_convert_e4m3<D, T>(q_smem, qrow, q_row_scale, words);
+    if (p.query_fp8) {  // the caller's e4m3 bytes (ws_load_q<D, 1>), row scale 1
+      ws_q8_words<D>(q_smem, qrow, words);
+    } else {
+      ws_q_amax_e4m3<D, T>(q_smem, qrow, q_row_scale);
+      ws_q_convert_e4m3<D, T>(q_smem, qrow, q_row_scale, words);
+    }
     if constexpr (W::kQ8InQBuffer) {
       named_barrier::sync<128>(3 + wg);  // the warpgroup has read the rows its e4m3 tile overlays
     } else {

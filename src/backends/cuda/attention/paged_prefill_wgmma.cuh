@@ -73,13 +73,29 @@ template <int D, typename T>
 __device__ __forceinline__ void load_q_swizzled(const AttentionKernelParams& p, const ItemContext& ctx,
                                                 char* q_smem) {
   using W = WgmmaPrefillTraits<D>;
+  const auto dst = [&](int idx) {
+    const int row = idx / W::kChunks;
+    return q_smem + (row >> 6) * W::kTileBytes + swizzled_offset(row & 63, idx - row * W::kChunks);
+  };
+  if (p.query_fp8) {  // e4m3: converting loads
+    load_q8_rows<T>(
+        p, W::kRows * W::kChunks,
+        [&](int idx, int64_t& elem) {
+          const int row = idx / W::kChunks;
+          if (row >= ctx.item.num_rows) return false;
+          elem = row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride + (idx - row * W::kChunks) * 8;
+          return true;
+        },
+        dst);
+    return;
+  }
   for (int idx = threadIdx.x; idx < W::kRows * W::kChunks; idx += kThreadsPerCta) {
     const int row = idx / W::kChunks;
     const int c = idx - row * W::kChunks;
     const bool valid = row < ctx.item.num_rows;
     const T* src = static_cast<const T*>(p.query);
     if (valid) src += row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride + c * 8;
-    cp_async_16(q_smem + (row >> 6) * W::kTileBytes + swizzled_offset(row & 63, c), src, valid);
+    cp_async_16(dst(idx), src, valid);
   }
 }
 

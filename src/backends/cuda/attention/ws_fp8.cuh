@@ -8,7 +8,9 @@
 //          once per item (ws_q_fragments_e4m3), each row with its own scale (amax / 448): no row
 //          saturates, and the scale returns through the softmax's per-row factor; the consumer
 //          stores them into its own e4m3 Q tile (ws_store_q_e4m3), and the 16-bit Q buffer is
-//          free again for the next item;
+//          free again for the next item. A pre-quantized e4m3 query (p.query_fp8) is copied as
+//          its bytes (ws_load_q<D, 1>) and taken as they are (ws_q8_words): row scale 1, no amax, no
+//          conversion; q_scale rides in the logit scale;
 //   K      copied as it is (rows of D bytes, the 16-bit K tile's layout at half the width);
 //   V      wgmma has no transposed 8-bit B operand, so the producer copies V rows into a staging
 //          ring along with K and, kVLag tiles later (the copies of the tiles between in flight),
@@ -118,6 +120,18 @@ __device__ __forceinline__ void ws_q_convert_e4m3(const char* q_tile, int row, c
       words[e][j] = pack_e4m3x4(lo.x * inv, lo.y * inv, hi.x * inv, hi.y * inv);
     }
   }
+}
+// An e4m3 query's words as ws_load_q<D, 1> placed them (what ws_q_convert_e4m3 computes for a 16-bit
+// one): word q of 16-byte chunk j holds elements 16 j + 4 q .. + 3.
+template <int D>
+__device__ __forceinline__ void ws_q8_words(const char* q_tile, int row, uint32_t (&words)[2][D / 16]) {
+  const int q = threadIdx.x & 3;
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      words[e][j] = *reinterpret_cast<const uint32_t*>(q_tile + swizzled_offset<64>(row + 8 * e, j) + 4 * q);
+    }
 }
 template <int D>
 __device__ __forceinline__ void ws_q_store_e4m3(char* q8_tile, int row, const uint32_t (&words)[2][D / 16]) {

@@ -12,21 +12,24 @@ namespace pagedattn::cuda {
 // takes rows pt / 8 + 16 i and their chunks pt % 8 + 8 k, so each row's token and head (integer
 // divisions by the group size) are computed once per row, not per 16-byte chunk as in the wgmma
 // path's load_q_swizzled (which, reused here, slowed prefill and the mixed batch:
-// docs/perf/cuda.md).
-template <int D, typename T>
+// docs/perf/cuda.md). kQElemBytes 2: a 16-bit query; 1: an e4m3 query (the 8-bit kernel with
+// p.query_fp8) copied as its bytes, 16-byte chunk j (elements 16 j ..) where the 16-bit layout
+// keeps its chunk j (ws_q8_words reads them).
+template <int D, int kQElemBytes>
 __device__ __forceinline__ void ws_load_q(const AttentionKernelParams& p, const ItemContext& ctx, char* q_smem,
                                           int pt) {
   using W = WsTraits<D>;
+  constexpr int kChunksPerThread = D * kQElemBytes / 128;  // 16-byte chunks of a row, 8 threads a row
   const int lane_chunk = pt & 7;
 #pragma unroll 1
   for (int row = pt >> 3; row < W::kRows; row += 16) {
     const bool valid = row < ctx.item.num_rows;
-    const T* src = static_cast<const T*>(p.query);
-    if (valid) src += row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride;
+    const char* src = static_cast<const char*>(p.query);
+    if (valid) src += (row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride) * kQElemBytes;
 #pragma unroll
-    for (int k = 0; k < W::kChunksPerThread; ++k) {
+    for (int k = 0; k < kChunksPerThread; ++k) {
       const int c = lane_chunk + 8 * k;
-      cp_async_16(q_smem + (row >> 6) * W::kQTileBytes + swizzled_offset<64>(row & 63, c), src + c * 8, valid);
+      cp_async_16(q_smem + (row >> 6) * W::kQTileBytes + swizzled_offset<64>(row & 63, c), src + c * 16, valid);
     }
   }
 }
@@ -234,7 +237,11 @@ __device__ __forceinline__ void ws_produce_item(const AttentionKernelParams& p, 
   // (about a tile before they release its last stages; fp8: when they have read it into
   // registers), so the next item's Q and first tiles land while they finish it.
   mbar::wait(bars.q_empty(qb), ((n / W::kQBuffers) & 1) ^ 1u);
-  ws_load_q<W::kHeadSize, T>(p, ctx, smem + qb * W::kQBytes, pt);
+  if (W::kE4m3 && p.query_fp8) {
+    ws_load_q<W::kHeadSize, 1>(p, ctx, smem + qb * W::kQBytes, pt);
+  } else {
+    ws_load_q<W::kHeadSize, 2>(p, ctx, smem + qb * W::kQBytes, pt);
+  }
   mbar::arrive_on_copies(bars.q_full(qb));
 #pragma unroll 1
   for (int t = 0; t < tiles.count; ++t) {
