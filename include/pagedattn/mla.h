@@ -320,6 +320,12 @@ struct MLAAttentionLayerParams {
   Device device = Device::cpu;
   std::string backend;                      // "" = select; else force this MLA backend
   std::string prefill_backend;              // "" = select; else force this prefill backend
+  // calculate_kv_scales (as Attention's, layer.h): the first batch written into an fp8 cache sets
+  // k_scale = amax(|kv_c_normed|, |k_pe|) / fp8 max over the rows it stores, the one scale of the
+  // latent cache rows (v_scale is not used by MLA); an all-zero batch leaves it pending; a NaN /
+  // inf there is an Error (cache and scale untouched); an Error with kv sharing (at construction)
+  // and with per-head scales; on CUDA that forward syncs once (outside graph capture).
+  bool calculate_kv_scales = false;
   // The layer's forwards will be given output_scale (fused fp8 e4m3 output, vLLM's fusion of
   // attention with a static per-tensor fp8 quantization): the selector then takes only a backend
   // whose impl supports it (SelectorConfig::fp8_output: REFERENCE_MLA, CUDA_MLA; a forced backend
@@ -356,6 +362,8 @@ class MLAAttention {
   Tensor allocate_kv_cache(int64_t num_blocks) const;
   LayerScales& scales() { return scales_; }
   const LayerScales& scales() const { return scales_; }
+  // calculate_kv_scales: whether k_scale still waits for its measurement.
+  bool kv_scales_pending() const { return k_scale_pending_; }
 
   // kv_b_proj weight (num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank); see
   // MLAAttentionImpl. Must be called once before forward.
@@ -375,6 +383,10 @@ class MLAAttention {
   std::unique_ptr<MLAAttentionImpl> impl_;
   LayerScales scales_;
   bool weights_loaded_ = false;
+  bool k_scale_pending_ = false;  // calculate_kv_scales: true until k_scale is measured
+  std::optional<float> measure_k_scale(const TensorView& kv_c_normed, const TensorView& k_pe,
+                                       const AttentionMetadata& metadata);
+  Tensor kv_amax_result_;         // CUDA: i32 (2,) the amax kernel writes (the measuring forward's)
 };
 
 }  // namespace pagedattn

@@ -354,6 +354,8 @@ class MLAAttention:
     kv_cache_spec: KVCacheSpec
     kv_cache_storage_dtype: str
     k_scale: float
+    @property
+    def kv_scales_pending(self) -> bool: ...
     num_heads: int
     scale: float
     qk_nope_head_dim: int
@@ -378,7 +380,7 @@ class MLAAttention:
                  prefix: str = "", dtype: DTypeLike = "bfloat16", device: DeviceLike = "cpu",
                  backend: Optional[str] = None, prefill_backend: Optional[str] = None, *,
                  static_forward_context: Optional[StaticForwardContext] = None,
-                 fp8_output: bool = False) -> None: ...
+                 fp8_output: bool = False, calculate_kv_scales: bool = False) -> None: ...
     def process_weights_after_loading(self, kv_b_proj: Optional[Any] = None) -> None: ...
     def allocate_kv_cache(self, num_blocks: int, framework: Optional[str] = None) -> Tensor: ...
     def metadata_builder(self, max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,

@@ -67,6 +67,9 @@ class MLAAttention(_C._MLAAttention):
             ``output = attention / output_scale``): the selector takes only a backend that
             supports it (CUDA_MLA, REFERENCE_MLA; CPU_MLA does not); a forced backend without it
             raises.
+        calculate_kv_scales: measure ``k_scale`` from the first batch written into an fp8 cache,
+            ``amax(|kv_c_normed|, |k_pe|) / fp8 max`` over the rows it stores (``kv_scales_pending``
+            until then; see ``Attention``).
 
     Attributes:
         backend: the selected ``AttentionBackend``; prefill_backend: the prefill backend's name;
@@ -107,6 +110,7 @@ class MLAAttention(_C._MLAAttention):
         *,
         static_forward_context: Optional[_C.StaticForwardContext] = None,
         fp8_output: bool = False,
+        calculate_kv_scales: bool = False,
     ) -> None:
         super().__init__(
             _tensors.int32_arg(num_heads, "num_heads"),
@@ -126,6 +130,7 @@ class MLAAttention(_C._MLAAttention):
             prefill_backend,
             static_forward_context,
             bool(fp8_output),
+            bool(calculate_kv_scales),
         )
         self._kv_b_proj = None
         if kv_b_proj is not None:

@@ -304,7 +304,7 @@ void bind_mla(nb::module_& m) {
              std::optional<std::string> kv_sharing_target_layer_name, const std::string& prefix,
              nb::handle dtype, nb::handle device, std::optional<std::string> backend,
              std::optional<std::string> prefill_backend,
-             StaticForwardContext* static_forward_context, bool fp8_output) {
+             StaticForwardContext* static_forward_context, bool fp8_output, bool calculate_kv_scales) {
             MLAAttentionLayerParams p;
             p.num_heads = num_heads;
             p.scale = scale;  // None = qk_head_dim ** -0.5; 0 is an Error (MLAAttention)
@@ -323,13 +323,14 @@ void bind_mla(nb::module_& m) {
             p.backend = backend.value_or("");
             p.prefill_backend = prefill_backend.value_or("");
             p.fp8_output = fp8_output;
+            p.calculate_kv_scales = calculate_kv_scales;
             new (self) MLAAttention(std::move(p), static_forward_context);
           },
           "num_heads"_a, "scale"_a.none(), "qk_nope_head_dim"_a, "qk_rope_head_dim"_a,
           "v_head_dim"_a, "q_lora_rank"_a.none(), "kv_lora_rank"_a, "kv_cache_dtype"_a,
           "block_size"_a, "kv_sharing_target_layer_name"_a.none(), "prefix"_a, "dtype"_a,
           "device"_a, "backend"_a.none(), "prefill_backend"_a.none(),
-          "static_forward_context"_a.none(), "fp8_output"_a = false)
+          "static_forward_context"_a.none(), "fp8_output"_a = false, "calculate_kv_scales"_a = false)
       .def_prop_ro("backend", [](const MLAAttention& a) { return PyBackend{&a.backend()}; },
                    "The MLA AttentionBackend this layer runs on.")
       .def_prop_ro(
@@ -400,6 +401,8 @@ void bind_mla(nb::module_& m) {
           },
           "Per-tensor scale of an fp8 latent cache: stored = saturate(x / k_scale), read = "
           "fp8 * k_scale.")
+      .def_prop_ro("kv_scales_pending", &MLAAttention::kv_scales_pending,
+                   "calculate_kv_scales: whether k_scale still waits for its measurement.")
       .def_prop_ro("num_heads", [](const MLAAttention& a) { return a.params().num_heads; })
       .def_prop_ro("scale", [](const MLAAttention& a) { return *a.params().scale; })
       .def_prop_ro("qk_nope_head_dim", [](const MLAAttention& a) { return a.params().qk_nope_head_dim; })

@@ -61,3 +61,28 @@ def test_kv_sharing_layer_rejects_calculate_kv_scales():
         pagedattn.Attention(4, 32, None, 2, kv_cache_dtype="fp8", prefix="l1", dtype="float32",
                             kv_sharing_target_layer_name="l0", static_forward_context=ctx,
                             calculate_kv_scales=True)
+
+
+@pytest.mark.parametrize("backend", ["CPU_MLA", "REFERENCE_MLA"])
+def test_mla_first_batch_sets_k_scale(rng, backend):
+    # MLAAttention(calculate_kv_scales=True): k_scale = amax(|kv_c_normed|, |k_pe|) / 448 over the
+    # rows the first batch stores (the latent cache's one scale); later batches keep it.
+    heads, nope, rope, v_dim, lora = 4, 32, 16, 32, 64
+    layer = pagedattn.MLAAttention(heads, None, nope, rope, v_dim, None, lora, kv_cache_dtype="fp8",
+                                   block_size=16, dtype="float32", backend=backend,
+                                   calculate_kv_scales=True)
+    layer.process_weights_after_loading(
+        rng.uniform(-0.1, 0.1, (heads * (nope + v_dim), lora)).astype(np.float32))
+    assert layer.kv_scales_pending and layer.k_scale == 1.0
+    cache = layer.allocate_kv_cache(4)
+    common = pagedattn.CommonAttentionMetadata(
+        query_start_loc=[0, 3, 5], seq_lens=[3, 2], block_table=[[0], [2]], slot_mapping=[0, 1, 2, 32, 33])
+    md = layer.metadata_builder().build(common)
+    q = rng.uniform(-1, 1, (5, heads, nope + rope)).astype(np.float32)
+    kv_c = rng.uniform(-2, 2, (5, lora)).astype(np.float32)
+    k_pe = rng.uniform(-3, 3, (5, rope)).astype(np.float32)
+    layer.forward(q, kv_c, k_pe, cache, md)
+    want = np.float32(max(np.abs(kv_c).max(), np.abs(k_pe).max())) / np.float32(448.0)
+    assert layer.k_scale == float(want) and not layer.kv_scales_pending
+    layer.forward(q, kv_c * 10, k_pe, cache, md)
+    assert layer.k_scale == float(want)

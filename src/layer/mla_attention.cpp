@@ -2,11 +2,14 @@
 // through the one selector (use_mla = true, head_size = kv_lora_rank + qk_rope_head_dim), owns
 // the backend's MLAAttentionImpl, reports its latent cache spec, and in forward checks the
 // activations once, writes the latent cache (unless it shares another layer's) and attends.
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "layer/layer_registration.h"
+#include "ops/kv_amax.h"
 #include "pagedattn/error.h"
 #include "pagedattn/layer.h"
 #include "pagedattn/mla.h"
@@ -64,6 +67,12 @@ MLAAttention::MLAAttention(MLAAttentionLayerParams params,
         return StaticForwardContext::Layer{params_.prefix, true, AttentionType::decoder, params_.device,
                                            kv_cache_spec(), params_.kv_sharing_target_layer_name};
       });
+  PAGEDATTN_CHECK(!(params_.calculate_kv_scales && params_.kv_sharing_target_layer_name),
+                  "calculate_kv_scales", "MLAAttention '", params_.prefix,
+                  "': calculate_kv_scales = true but kv_sharing_target_layer_name = '",
+                  params_.kv_sharing_target_layer_name.value_or(""), "': a sharing layer writes "
+                  "nothing to measure; expected calculate_kv_scales = false and the target's k_scale");
+  k_scale_pending_ = params_.calculate_kv_scales && is_fp8(kv_cache_storage_dtype());
   backend_ = &get_attn_backend(selector_config(), params_.backend);
   const MLABackend* mla = backend_->as_mla();
   PAGEDATTN_CHECK(mla != nullptr, "backend", "MLAAttention '", params_.prefix, "': backend ",
@@ -241,10 +250,52 @@ void MLAAttention::forward(const TensorView& q, const TensorView& kv_c_normed,
   impl_->check_forward(scales_, q, kv_c_normed, k_pe, kv_cache, metadata, output, output_scale,
                        output_lse);
   if (!params_.kv_sharing_target_layer_name) {
-    impl_->do_kv_cache_update(scales_, kv_c_normed, k_pe, kv_cache, metadata);
+    if (k_scale_pending_) {
+      // calculate_kv_scales: the scale takes effect only once the write it quantizes passed its
+      // own checks (a rejected call leaves the scale, like the cache, unchanged).
+      const std::optional<float> k_scale = measure_k_scale(kv_c_normed, k_pe, metadata);
+      LayerScales measured = scales_;
+      if (k_scale) measured.k_scale = *k_scale;
+      impl_->do_kv_cache_update(measured, kv_c_normed, k_pe, kv_cache, metadata);
+      scales_ = measured;
+      if (k_scale) k_scale_pending_ = false;
+    } else {
+      impl_->do_kv_cache_update(scales_, kv_c_normed, k_pe, kv_cache, metadata);
+    }
   }
   impl_->forward(scales_, q, kv_c_normed, k_pe, kv_cache, metadata, output, output_scale,
                  output_lse);
+}
+
+std::optional<float> MLAAttention::measure_k_scale(const TensorView& kv_c_normed,
+                                                   const TensorView& k_pe,
+                                                   const AttentionMetadata& metadata) {
+  const std::string& layer = params_.prefix;
+  PAGEDATTN_CHECK(!scales_.k_scale_per_head.defined(), "calculate_kv_scales", "MLAAttention '",
+                  layer, "': calculate_kv_scales = true measures the per-tensor k_scale, but "
+                  "scales().k_scale_per_head is set: expected one or the other");
+  // The latent rows as (N, 1, L) and (N, 1, R): the cache write's rows (slot != -1) of both.
+  const auto as_rows = [](const TensorView& t) {
+    if (t.ndim() == 3) return t;
+    return TensorView(t.data(), t.dtype(), Shape{t.size(0), 1, t.size(1)},
+                      Shape{t.stride(0), t.size(1), t.stride(1)}, t.device(), t.device_index());
+  };
+  if (kv_c_normed.device() == Device::cuda && !kv_amax_result_.defined()) {
+    kv_amax_result_ = Tensor(Shape{2}, DType::i32, Device::cuda, kv_c_normed.device_index());
+  }
+  const detail::KVAmax amax = detail::written_rows_amax(as_rows(kv_c_normed), as_rows(k_pe),
+                                                        metadata.slot_mapping, kv_amax_result_);
+  PAGEDATTN_CHECK(std::isfinite(amax.key), "kv_c_normed", "MLAAttention '", layer,
+                  "': calculate_kv_scales: the kv_c_normed rows this forward writes hold a "
+                  "non-finite value (amax = ", amax.key, "): expected finite values to measure "
+                  "k_scale from");
+  PAGEDATTN_CHECK(std::isfinite(amax.value), "k_pe", "MLAAttention '", layer,
+                  "': calculate_kv_scales: the k_pe rows this forward writes hold a non-finite "
+                  "value (amax = ", amax.value, "): expected finite values to measure k_scale from");
+  // One f32 division; 0 (all-zero rows, or an underflowing quotient) keeps the scale pending.
+  const float k_scale = std::max(amax.key, amax.value) / fp8_max_finite(kv_cache_storage_dtype());
+  if (k_scale > 0.f) return k_scale;
+  return std::nullopt;
 }
 
 }  // namespace pagedattn

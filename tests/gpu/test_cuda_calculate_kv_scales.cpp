@@ -4,18 +4,22 @@
 // hold large values that must not count), exactly the host's f32 amax; the layer then computes
 // the same bits as a CUDA layer given those scales; a NaN among the written keys is an Error
 // naming key with the cache byte-identical. Strided key / value views (a fused QKV buffer) too.
+// CUDA_MLA: k_scale = amax(|kv_c_normed|, |k_pe|) / 448 over the written rows, the same cache bits
+// as a layer given it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "gpu_test_util.h"
 #include "pagedattn/error.h"
 #include "pagedattn/layer.h"
 #include "pagedattn/metadata.h"
+#include "pagedattn/mla.h"
 
 namespace pagedattn {
 namespace {
@@ -156,6 +160,70 @@ TEST(CudaCalculateKvScales, NanAmongTheWrittenKeysIsRejectedBeforeAnyWrite) {
   EXPECT_EQ(host_bytes(cache), before);
   EXPECT_TRUE(layer.kv_scales_pending());
   EXPECT_EQ(layer.scales().k_scale, 1.f);
+}
+
+// MLAAttention on CUDA_MLA (DeepSeek dimensions): the device amax of the written latent rows.
+TEST(CudaCalculateKvScales, MlaLatentRowsOnCudaMla) {
+  PAGEDATTN_REQUIRE_GPU();
+  constexpr int kL = 512, kR = 64, kHeads = 16, kT = 40;
+  const auto mla_params = [&](bool calculate) {
+    MLAAttentionLayerParams p;
+    p.num_heads = kHeads;
+    p.kv_lora_rank = kL;
+    p.qk_nope_head_dim = 128;
+    p.qk_rope_head_dim = kR;
+    p.qk_head_dim = 128 + kR;
+    p.v_head_dim = 128;
+    p.block_size = 64;
+    p.kv_cache_dtype = "fp8_e4m3";
+    p.dtype = DType::bf16;
+    p.device = Device::cuda;
+    p.backend = "CUDA_MLA";
+    p.prefix = "model.layers.0.self_attn.mla";
+    p.calculate_kv_scales = calculate;
+    return p;
+  };
+  // One 39-token prefill (slots 64..102) and a padding row (slot -1, values +-900, not counted).
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-2.f, 2.f);
+  const auto host = [&](Shape shape, float amplitude) {
+    Tensor t(shape, DType::bf16);
+    for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), DType::bf16, i, amplitude * dist(rng));
+    return t;
+  };
+  Tensor q = host(Shape{kT, kHeads, 128 + kR}, 1.f), kv = host(Shape{kT, kL}, 1.f), pe = host(Shape{kT, kR}, 1.5f);
+  const Tensor w = host(Shape{kHeads * 256, kL}, 0.05f);
+  for (int i = 0; i < kL; ++i) store_f32(kv.data(), DType::bf16, int64_t{kT - 1} * kL + i, i % 2 ? 900.f : -900.f);
+  float want = 0.f;
+  for (int t = 0; t < kT - 1; ++t) {
+    for (int i = 0; i < kL; ++i) want = std::max(want, std::fabs(load_f32(kv.data(), DType::bf16, int64_t{t} * kL + i)));
+    for (int i = 0; i < kR; ++i) want = std::max(want, std::fabs(load_f32(pe.data(), DType::bf16, int64_t{t} * kR + i)));
+  }
+  want /= 448.f;
+  CommonAttentionMetadataArgs args;
+  args.query_start_loc = {0, kT - 1};
+  args.seq_lens = {kT - 1};
+  args.block_table = {1};
+  args.max_num_blocks_per_req = 1;
+  for (int t = 0; t < kT - 1; ++t) args.slot_mapping.push_back(64 + t);
+  args.slot_mapping.push_back(-1);
+  const OwnedCommonAttentionMetadata common = make_common_attention_metadata(args, Device::cuda);
+  std::vector<std::vector<uint8_t>> caches;
+  for (const bool calculate : {true, false}) {
+    MLAAttention layer(mla_params(calculate));
+    if (!calculate) layer.scales().k_scale = want;
+    layer.process_weights_after_loading(w.to(Device::cuda));
+    Tensor cache = layer.allocate_kv_cache(4);
+    cache.fill_bytes(0);
+    auto builder = layer.backend().make_builder(layer.kv_cache_spec(), layer.builder_config(4, 64, 256), Device::cuda);
+    auto md = builder->build(0, common.common);
+    Tensor out(Shape{kT, kHeads, 128}, DType::bf16, Device::cuda);
+    layer.forward(q.to(Device::cuda), kv.to(Device::cuda), pe.to(Device::cuda), cache, *md, out);
+    EXPECT_EQ(layer.scales().k_scale, want) << (calculate ? "measured" : "given");
+    EXPECT_FALSE(layer.kv_scales_pending());
+    caches.push_back(host_bytes(cache));
+  }
+  EXPECT_EQ(caches[0], caches[1]);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../../src/backends/mla/mla_common.h"
+#include "backends/ops_test_util.h"
 #include "conformance/mla_harness.h"
 #include "pagedattn/pagedattn.h"
 
@@ -27,16 +28,7 @@ namespace {
 
 namespace cm = conformance::mla;
 
-void expect_error(const std::function<void()>& fn, const std::string& argument,
-                  const std::string& part = "") {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error naming '" << argument << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    if (!part.empty()) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
+using testing_ops::expect_error;
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
