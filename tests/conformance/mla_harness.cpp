@@ -317,6 +317,21 @@ std::string MLACase::describe() const {
   return os.str();
 }
 
+MLAAttentionLayerParams small_mla_layer_params(const std::string& backend, DType dtype) {
+  MLAAttentionLayerParams p;
+  p.num_heads = 4;
+  p.kv_lora_rank = 64;
+  p.qk_nope_head_dim = 32;
+  p.qk_rope_head_dim = 16;
+  p.qk_head_dim = 48;
+  p.v_head_dim = 32;
+  p.block_size = 16;
+  p.dtype = dtype;
+  p.prefix = "layers.0.mla";
+  p.backend = backend;
+  return p;
+}
+
 double tolerance(const MLACase& c) {
   double tol = c.dtype == DType::f32 ? 1e-5 : c.dtype == DType::f16 ? 2e-3 : 8e-3;
   if (c.fp8_kv() || c.fp8_output()) tol = std::max(tol, 6e-2);

@@ -54,6 +54,10 @@ struct MLACase {
 // DESIGN.md §5: f32 1e-5, f16 2e-3, bf16 8e-3; an fp8 cache or fp8 output 6e-2.
 double tolerance(const MLACase& c);
 
+// The small MLA layer of the unit tests (DeepSeek's layout scaled down: latent 64, nope 32,
+// rope 16, v 32; 4 heads, block 16; f32 on the cpu); callers change what their test is about.
+MLAAttentionLayerParams small_mla_layer_params(const std::string& backend = "", DType dtype = DType::f32);
+
 // The CI grid (small dims and DeepSeek dims; decode only, prefill only, 1 / 2 / many context
 // chunks, mixed, fp8 caches, fp8 output, block sizes 16 and 64; a few seconds for REFERENCE_MLA
 // vs itself), or the

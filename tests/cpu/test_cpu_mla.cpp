@@ -614,17 +614,8 @@ TEST(CpuMlaBackend, BuilderAndImplChecks) {
 // A decode whose block table points past the cache: an Error naming the metadata, raised before
 // the output is written (the layer path: plan, cache write, forward).
 TEST(CpuMlaBackend, DecodeBlockOutOfRangeIsAnErrorAndWritesNothing) {
-  MLAAttentionLayerParams p;
-  p.num_heads = 4;
-  p.kv_lora_rank = 64;
-  p.qk_nope_head_dim = 32;
-  p.qk_rope_head_dim = 16;
-  p.qk_head_dim = 48;
-  p.v_head_dim = 32;
-  p.block_size = 16;
-  p.dtype = DType::f32;
+  MLAAttentionLayerParams p = conformance::mla::small_mla_layer_params("CPU_MLA");
   p.prefix = "layers.0.attn";
-  p.backend = "CPU_MLA";
   MLAAttention layer(p);
   ASSERT_EQ(layer.backend().name(), "CPU_MLA");
   std::mt19937 rng(5);

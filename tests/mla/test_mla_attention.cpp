@@ -440,19 +440,7 @@ TEST(MLAPrefillSelector, RegistryExplainForce) {
 
 // ---- MLAAttention layer and MLABackend defaults --------------------------------------------
 
-MLAAttentionLayerParams small_layer() {
-  MLAAttentionLayerParams p;
-  p.num_heads = 4;
-  p.kv_lora_rank = 64;
-  p.qk_nope_head_dim = 32;
-  p.qk_rope_head_dim = 16;
-  p.qk_head_dim = 48;
-  p.v_head_dim = 32;
-  p.block_size = 16;
-  p.dtype = DType::f32;
-  p.prefix = "layers.0.mla";
-  return p;
-}
+MLAAttentionLayerParams small_layer() { return cm::small_mla_layer_params(); }
 
 TEST(MLALayer, SelectsAnMLABackendAndReportsItsSpec) {
   MLAAttention layer(small_layer());

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/ops_test_util.h"
+#include "conformance/mla_harness.h"
 #include "pagedattn/pagedattn.h"
 
 namespace pagedattn {
@@ -20,22 +21,13 @@ namespace {
 
 using testing_ops::expect_error;
 
-constexpr int kL = 64, kR = 16, kHeads = 4;
+constexpr int kL = 64, kR = 16, kHeads = 4;  // small_mla_layer_params'
 
 MLAAttentionLayerParams small_params(const std::string& backend, const std::string& kv_cache_dtype,
                                      const std::string& prefix = "layers.0.mla") {
-  MLAAttentionLayerParams p;
-  p.num_heads = kHeads;
-  p.kv_lora_rank = kL;
-  p.qk_nope_head_dim = 32;
-  p.qk_rope_head_dim = kR;
-  p.qk_head_dim = 32 + kR;
-  p.v_head_dim = 32;
-  p.block_size = 16;
-  p.dtype = DType::bf16;
+  MLAAttentionLayerParams p = conformance::mla::small_mla_layer_params(backend, DType::bf16);
   p.kv_cache_dtype = kv_cache_dtype;
   p.prefix = prefix;
-  p.backend = backend;
   p.calculate_kv_scales = true;
   return p;
 }

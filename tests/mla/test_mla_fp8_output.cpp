@@ -103,22 +103,6 @@ TEST(MLAFp8Output, ReferenceMlaThroughTheHarness) {
 
 // ---- argument errors ----------------------------------------------------------------------
 
-struct SmallStep {
-  MLAAttentionLayerParams params(const std::string& backend) const {
-    MLAAttentionLayerParams p;
-    p.num_heads = 4;
-    p.kv_lora_rank = 64;
-    p.qk_nope_head_dim = 32;
-    p.qk_rope_head_dim = 16;
-    p.qk_head_dim = 48;
-    p.v_head_dim = 32;
-    p.block_size = 16;
-    p.dtype = DType::bf16;
-    p.prefix = "layers.0.mla";
-    p.backend = backend;
-    return p;
-  }
-};
 
 Tensor filled(Shape shape, DType dtype, float value) {
   Tensor t(shape, dtype);
@@ -135,7 +119,7 @@ Tensor scalar(float value, DType dtype = DType::f32) {
 // A decode and a 2-token prefill over a 4-block cache, on `backend` (REFERENCE_MLA or CPU_MLA).
 struct Fixture {
   explicit Fixture(const std::string& backend)
-      : layer(SmallStep{}.params(backend)),
+      : layer(cm::small_mla_layer_params(backend, DType::bf16)),
         cache(layer.allocate_kv_cache(4)),
         q(filled(Shape{3, 4, 48}, DType::bf16, 0.1f)),
         kv(filled(Shape{3, 64}, DType::bf16, -0.2f)),
@@ -207,7 +191,7 @@ TEST(MLAFp8Output, BackendWithoutItIsAnErrorNamingOutputScale) {
 
 TEST(MLAFp8Output, SelectorTakesABackendThatSupportsIt) {
   // DeepSeek dims on the cpu: CPU_MLA comes first without fp8_output.
-  MLAAttentionLayerParams p = SmallStep{}.params("");
+  MLAAttentionLayerParams p = cm::small_mla_layer_params("", DType::bf16);
   p.kv_lora_rank = 512;
   p.qk_nope_head_dim = 128;
   p.qk_rope_head_dim = 64;
