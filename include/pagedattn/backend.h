@@ -275,6 +275,10 @@ class AttentionImpl {
 
  protected:
   explicit AttentionImpl(AttentionImplParams params) : params_(std::move(params)) {}
+  // check_forward's query dtype rule, one for every impl: the activation dtype, or fp8_e4m3 where
+  // supports_quant_query_input() with scales.q_scale positive and finite (Error naming query /
+  // scales.q_scale, `who` first).
+  void check_query_dtype(const LayerScales& scales, const TensorView& query, std::string_view who) const;
   AttentionImplParams params_;
 };
 

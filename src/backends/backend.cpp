@@ -3,6 +3,7 @@
 // specs, the backend's own builder otherwise), and the builder defaults (cascade heuristic,
 // drafting build, batch reorder).
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <span>
 #include <string>
@@ -14,6 +15,21 @@
 #include "pagedattn/metadata.h"
 
 namespace pagedattn {
+
+void AttentionImpl::check_query_dtype(const LayerScales& scales, const TensorView& query,
+                                      std::string_view who) const {
+  if (query.dtype() != DType::fp8_e4m3) {
+    const DType activation[] = {params_.dtype};
+    check_dtype(query, "query", activation);
+    return;
+  }
+  PAGEDATTN_CHECK(supports_quant_query_input(), "query", who, " forward: query is ", query.describe(),
+                  " but a quantized (fp8_e4m3) query needs an fp8 KV cache (kv_cache_dtype = ",
+                  params_.kv_cache_dtype, "): expected ", dtype_name(params_.dtype));
+  PAGEDATTN_CHECK(std::isfinite(scales.q_scale) && scales.q_scale > 0.f, "scales.q_scale", who,
+                  " forward: q_scale = ", scales.q_scale,
+                  " must be a positive finite number for an fp8_e4m3 query");
+}
 
 std::string MLADimensions::to_string() const {
   return "MLADimensions(kv_lora_rank=" + std::to_string(kv_lora_rank) +

@@ -332,6 +332,16 @@ MLAAttentionLayerParams small_mla_layer_params(const std::string& backend, DType
   return p;
 }
 
+OwnedCommonAttentionMetadata small_mla_step_metadata() {
+  CommonAttentionMetadataArgs a;
+  a.query_start_loc = {0, 1, 3};
+  a.seq_lens = {5, 2};
+  a.block_table = {0, 1, 2, 3};
+  a.max_num_blocks_per_req = 2;
+  a.slot_mapping = {4, 32, 33};
+  return make_common_attention_metadata(a, Device::cpu);
+}
+
 double tolerance(const MLACase& c) {
   double tol = c.dtype == DType::f32 ? 1e-5 : c.dtype == DType::f16 ? 2e-3 : 8e-3;
   if (c.fp8_kv() || c.fp8_output()) tol = std::max(tol, 6e-2);

@@ -57,6 +57,9 @@ double tolerance(const MLACase& c);
 // The small MLA layer of the unit tests (DeepSeek's layout scaled down: latent 64, nope 32,
 // rope 16, v 32; 4 heads, block 16; f32 on the cpu); callers change what their test is about.
 MLAAttentionLayerParams small_mla_layer_params(const std::string& backend = "", DType dtype = DType::f32);
+// A step for that layer's tests: a decode (seq_len 5) and a 2-token prefill over blocks {0, 1} and
+// {2, 3} of 16 tokens, writing slots 4, 32 and 33; host arrays on the cpu.
+OwnedCommonAttentionMetadata small_mla_step_metadata();
 
 // The CI grid (small dims and DeepSeek dims; decode only, prefill only, 1 / 2 / many context
 // chunks, mixed, fp8 caches, fp8 output, block sizes 16 and 64; a few seconds for REFERENCE_MLA

@@ -59,13 +59,7 @@ struct Step {
         out(Shape{3, kHeads, 32}, DType::bf16) {
     layer.process_weights_after_loading(random_bf16(Shape{kHeads * 64, kL}, 0.1f, rng));
     cache.fill_bytes(0);
-    CommonAttentionMetadataArgs a;
-    a.query_start_loc = {0, 1, 3};
-    a.seq_lens = {5, 2};
-    a.block_table = {0, 1, 2, 3};
-    a.max_num_blocks_per_req = 2;
-    a.slot_mapping = {4, 32, 33};
-    common = std::make_unique<OwnedCommonAttentionMetadata>(make_common_attention_metadata(a, Device::cpu));
+    common = std::make_unique<OwnedCommonAttentionMetadata>(conformance::mla::small_mla_step_metadata());
     builder = layer.backend().make_builder(layer.kv_cache_spec(), layer.builder_config(2, 8, 64), Device::cpu);
     plan = builder->build(0, common->common);
   }

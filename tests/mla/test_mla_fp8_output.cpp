@@ -128,13 +128,7 @@ struct Fixture {
         out8(Shape{3, 4, 32}, DType::fp8_e4m3) {
     layer.process_weights_after_loading(filled(Shape{4 * 64, 64}, DType::bf16, 0.01f));
     cache.fill_bytes(0x11);
-    CommonAttentionMetadataArgs a;
-    a.query_start_loc = {0, 1, 3};
-    a.seq_lens = {5, 2};
-    a.block_table = {0, 1, 2, 3};
-    a.max_num_blocks_per_req = 2;
-    a.slot_mapping = {4, 32, 33};
-    common = std::make_unique<OwnedCommonAttentionMetadata>(make_common_attention_metadata(a, Device::cpu));
+    common = std::make_unique<OwnedCommonAttentionMetadata>(cm::small_mla_step_metadata());
     builder = layer.backend().make_builder(layer.kv_cache_spec(), layer.builder_config(2, 8, 64), Device::cpu);
     plan = builder->build(0, common->common);
   }

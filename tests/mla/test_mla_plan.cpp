@@ -192,7 +192,6 @@ TEST(MLAPlan, WorkspaceBytesByHand) {
   const size_t expected = 4 * (5 * 4 * 80       // q_latent
                                + 5 * 4 * 64     // o_latent
                                + 4 * 5          // decode_lse
-                               + 5 * 4 * 32     // decode_out (fp8 output staging)
                                + 80 * 80        // gather
                                + 80 * 4 * 64    // kv_up
                                + 80 * 4 * 48    // k_full

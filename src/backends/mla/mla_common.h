@@ -37,13 +37,12 @@ struct MLAStepBuffers {
   Tensor q_latent;      // (S, H, L + R)
   Tensor o_latent;      // (S, H, L)
   Tensor decode_lse;    // (H, S) f32
-  Tensor decode_out;    // (S, H, V)           decode output staged for the fp8 quantize pass
   // prefill
   Tensor gather;        // (W, L + R)          context chunk gathered from the cache
   Tensor kv_up;         // (rows, H, P + V)    kv_c · [W_UK | W_UV]ᵀ per head
   Tensor k_full;        // (rows, H, P + R)    [k_nope, k_pe broadcast]
-  Tensor suffix_out;    // (T, H, V)           new-token attention (no context + fp8 output: the
-                        //                     staged rows of the quantize pass)
+  Tensor suffix_out;    // (T, H, V)           new-token attention (fp8 output: the staged decode
+                        //                     rows, then without context the prefill rows)
   Tensor chunk_out;     // (T, H, V)           one context chunk (fp8 output: the final merge's
                         //                     staged rows, free once the chunks are merged)
   Tensor context_out;   // (T, H, V)           context chunks merged so far

@@ -21,8 +21,9 @@
 //
 // fp8 output (output_scale given; only impls whose fused_output_quant_supported is true): the
 // output is e4m3 = saturate(o / output_scale[0]). Which writes are fused and which are staged:
-//   decode rows         W_UV batched_gemm (cuBLAS on CUDA writes bf16/f16/f32 only) into the
-//                       step buffer decode_out, then one quantize_e4m3_3d pass into out[:Td];
+//   decode rows         W_UV batched_gemm (cuBLAS on CUDA writes bf16/f16/f32 only) into
+//                       suffix_out[:Td] (free until the prefill part), then one quantize_e4m3_3d
+//                       pass into out[:Td];
 //   prefill, no context fused when the prefill backend supports_quant_output (it gets
 //                       output_scale and writes e4m3 itself; none does today), else
 //                       run_prefill_new_tokens into suffix_out, then one quantize pass;
@@ -30,8 +31,8 @@
 //                       merged), then one quantize pass (the public merge op stays unquantized).
 // A staged row is rounded twice (to the activation dtype, then to e4m3), as output_store.cuh's
 // staged kernels; the quantize pass reads the scale on the tensors' device, and on CUDA an
-// invalid scale writes NaN (the host check rejects it before anything is written). The buffers
-// are the builder's (decode_out is sized (S, H, V) at build time): no allocation in forward.
+// invalid scale writes NaN (the host check rejects it before anything is written). The staging
+// rows are the builder's (T, H, V) step buffers (T >= any token count): no allocation in forward.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -320,7 +321,7 @@ void MLACommonImpl::forward(const LayerScales& scales, const TensorView& q,
     const TensorView lse = output_lse.defined() ? output_lse.narrow(1, 0, Td) : TensorView{};
     forward_decode(scales, q_lat, kv_cache, md, o_lat, lse);
     // fp8 output: the gemm writes the staging rows (activation dtype), one pass quantizes them.
-    const TensorView o_d = quantize ? ws.decode_out.view().narrow(0, 0, Td) : out.narrow(0, 0, Td);
+    const TensorView o_d = quantize ? ws.suffix_out.view().narrow(0, 0, Td) : out.narrow(0, 0, Td);
     gemm(static_cast<int>(H), td, static_cast<int>(V), static_cast<int>(L), MatrixRef{o_lat.data(), dt, L, H * L, 1},
          MatrixRef{w_uv_.data(), dt, L * V, V, 1}, MutableMatrixRef{o_d.data(), dt, o_d.stride(1), o_d.stride(0)});
     if (quantize) quantize_e4m3_3d(o_d, out.narrow(0, 0, Td), output_scale);

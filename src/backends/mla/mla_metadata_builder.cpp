@@ -23,9 +23,9 @@ namespace pagedattn {
 
 size_t MLAStepBuffers::bytes() const {
   size_t total = 0;
-  for (const Tensor* t : {&q_latent, &o_latent, &decode_lse, &decode_out, &gather, &kv_up, &k_full,
-                          &suffix_out, &chunk_out, &context_out, &suffix_lse, &chunk_lse,
-                          &context_lse, &merged_lse, &gemm_a_stage, &gemm_c_stage}) {
+  for (const Tensor* t : {&q_latent, &o_latent, &decode_lse, &gather, &kv_up, &k_full, &suffix_out,
+                          &chunk_out, &context_out, &suffix_lse, &chunk_lse, &context_lse,
+                          &merged_lse, &gemm_a_stage, &gemm_c_stage}) {
     total += t->nbytes();
   }
   return total;
@@ -92,7 +92,6 @@ std::unique_ptr<MLAStepBuffers> make_step_buffers(const BuilderConfig& c, int64_
   b->q_latent = Tensor(Shape{s, h, l + r}, a, device);
   b->o_latent = Tensor(Shape{s, h, l}, a, device);
   b->decode_lse = Tensor(Shape{h, s}, DType::f32, device);
-  b->decode_out = Tensor(Shape{s, h, v}, a, device);
   b->gather = Tensor(Shape{w, l + r}, a, device);
   b->kv_up = Tensor(Shape{rows, h, p + v}, a, device);
   b->k_full = Tensor(Shape{rows, h, p + r}, a, device);

@@ -54,6 +54,22 @@ inline void store_one(void* base, DType dtype, int64_t index, float x) {
 
 bool is_activation(DType d) { return d == DType::f32 || d == DType::f16 || d == DType::bf16; }
 
+// What copy_3d and quantize_e4m3_3d both need: src and dst 3-D of one shape on one device, src in
+// an activation dtype, innermost dims contiguous. Error naming the argument, `fn` first.
+void check_3d_pair(const char* fn, const TensorView& src, const TensorView& dst) {
+  PAGEDATTN_CHECK(src.ndim() == 3, "src", fn, "src is ", src.describe(), ", expected 3-D");
+  PAGEDATTN_CHECK(dst.ndim() == 3, "dst", fn, "dst is ", dst.describe(), ", expected 3-D");
+  PAGEDATTN_CHECK(src.shape() == dst.shape(), "src", fn, "src shape ", src.shape().str(),
+                  " differs from dst shape ", dst.shape().str());
+  PAGEDATTN_CHECK(is_activation(src.dtype()), "src", fn, "src is ", dtype_name(src.dtype()),
+                  ", expected float32, float16 or bfloat16");
+  PAGEDATTN_CHECK(src.device() == dst.device(), "src", fn, "src is on ", device_name(src.device()),
+                  ", dst on ", device_name(dst.device()), ": expected one device");
+  PAGEDATTN_CHECK(src.size(2) <= 1 || (src.stride(2) == 1 && dst.stride(2) == 1), "src", fn,
+                  "the innermost dim must be contiguous (src strides ", src.strides().str(),
+                  ", dst strides ", dst.strides().str(), ")");
+}
+
 void check_gemm_args(int batch, int m, int n, int k, const MatrixRef& a, const MatrixRef& b,
                      const MutableMatrixRef& c) {
   constexpr const char* fn = "mla::batched_gemm: ";
@@ -187,19 +203,9 @@ void batched_gemm(Device device, int batch, int m, int n, int k, const MatrixRef
 
 void copy_3d(const TensorView& src, const TensorView& dst) {
   constexpr const char* fn = "mla::copy_3d: ";
-  PAGEDATTN_CHECK(src.ndim() == 3, "src", fn, "src is ", src.describe(), ", expected 3-D");
-  PAGEDATTN_CHECK(dst.ndim() == 3, "dst", fn, "dst is ", dst.describe(), ", expected 3-D");
-  PAGEDATTN_CHECK(src.shape() == dst.shape(), "src", fn, "src shape ", src.shape().str(),
-                  " differs from dst shape ", dst.shape().str());
-  PAGEDATTN_CHECK(is_activation(src.dtype()), "src", fn, "src is ", dtype_name(src.dtype()),
-                  ", expected float32, float16 or bfloat16");
+  check_3d_pair(fn, src, dst);
   PAGEDATTN_CHECK(is_activation(dst.dtype()), "dst", fn, "dst is ", dtype_name(dst.dtype()),
                   ", expected float32, float16 or bfloat16");
-  PAGEDATTN_CHECK(src.device() == dst.device(), "src", fn, "src is on ", device_name(src.device()),
-                  ", dst on ", device_name(dst.device()), ": expected one device");
-  PAGEDATTN_CHECK(src.size(2) <= 1 || (src.stride(2) == 1 && dst.stride(2) == 1), "src", fn,
-                  "the innermost dim must be contiguous (src strides ", src.strides().str(),
-                  ", dst strides ", dst.strides().str(), ")");
   if (dst.numel() == 0) return;
   if (dst.device() == Device::cuda) {
 #if PAGEDATTN_HAS_CUDA
@@ -232,23 +238,13 @@ void copy_3d(const TensorView& src, const TensorView& dst) {
 
 void quantize_e4m3_3d(const TensorView& src, const TensorView& dst, const TensorView& scale) {
   constexpr const char* fn = "mla::quantize_e4m3_3d: ";
-  PAGEDATTN_CHECK(src.ndim() == 3, "src", fn, "src is ", src.describe(), ", expected 3-D");
-  PAGEDATTN_CHECK(dst.ndim() == 3, "dst", fn, "dst is ", dst.describe(), ", expected 3-D");
-  PAGEDATTN_CHECK(src.shape() == dst.shape(), "src", fn, "src shape ", src.shape().str(),
-                  " differs from dst shape ", dst.shape().str());
-  PAGEDATTN_CHECK(is_activation(src.dtype()), "src", fn, "src is ", dtype_name(src.dtype()),
-                  ", expected float32, float16 or bfloat16");
+  check_3d_pair(fn, src, dst);
   PAGEDATTN_CHECK(dst.dtype() == DType::fp8_e4m3, "dst", fn, "dst is ", dtype_name(dst.dtype()),
                   ", expected fp8_e4m3");
-  PAGEDATTN_CHECK(src.device() == dst.device(), "src", fn, "src is on ", device_name(src.device()),
-                  ", dst on ", device_name(dst.device()), ": expected one device");
   PAGEDATTN_CHECK(scale.defined() && scale.dtype() == DType::f32 && scale.numel() == 1 &&
                       scale.device() == dst.device(),
                   "scale", fn, "scale is ", scale.describe(), ", expected float32 (1,) on ",
                   device_name(dst.device()));
-  PAGEDATTN_CHECK(src.size(2) <= 1 || (src.stride(2) == 1 && dst.stride(2) == 1), "src", fn,
-                  "the innermost dim must be contiguous (src strides ", src.strides().str(),
-                  ", dst strides ", dst.strides().str(), ")");
   if (dst.numel() == 0) return;
   if (dst.device() == Device::cuda) {
 #if PAGEDATTN_HAS_CUDA

@@ -277,19 +277,7 @@ void ReferenceAttentionImpl::check_forward(const LayerScales& scales, const Tens
   const DType activation[] = {params_.dtype};
   check_defined(query, "query");
   check_device(query, "query", Device::cpu);
-  // A pre-quantized query (supports_quant_query_input): e4m3, q = q8 * scales.q_scale.
-  const bool quant_query = query.dtype() == DType::fp8_e4m3;
-  if (quant_query) {
-    PAGEDATTN_CHECK(supports_quant_query_input(), "query", "REFERENCE forward: query is ",
-                    query.describe(), " but a quantized (fp8_e4m3) query needs an fp8 KV cache ",
-                    "(kv_cache_dtype = ", params_.kv_cache_dtype, "): expected ",
-                    dtype_name(params_.dtype));
-    PAGEDATTN_CHECK(std::isfinite(scales.q_scale) && scales.q_scale > 0.f, "scales.q_scale",
-                    "REFERENCE forward: q_scale = ", scales.q_scale,
-                    " must be a positive finite number for an fp8_e4m3 query");
-  } else {
-    check_dtype(query, "query", activation);
-  }
+  check_query_dtype(scales, query, "REFERENCE");  // e4m3 = q / q_scale where supported
   check_ndim(query, "query", 3);
   PAGEDATTN_CHECK(
       query.size(0) >= num_tokens && query.size(1) == num_heads && query.size(2) == head_size,

@@ -151,17 +151,9 @@ void CudaAttentionImpl::check_forward(const LayerScales& scales, const TensorVie
   const int64_t num_tokens = md.num_actual_tokens;
   const bool cached = uses_kv_cache(params_.attn_type);
   // The query: the activation dtype, or e4m3 (scaled by q_scale) when supports_quant_query_input.
-  const bool quant_query = query.defined() && query.dtype() == DType::fp8_e4m3;
-  if (quant_query) {
-    PAGEDATTN_CHECK(supports_quant_query_input(), "query", "CUDA forward: query is ", query.describe(),
-                    " but a quantized (fp8_e4m3) query needs an fp8 KV cache (kv_cache_dtype = ",
-                    params_.kv_cache_dtype, "): expected ", dtype_name(params_.dtype));
-    PAGEDATTN_CHECK(std::isfinite(scales.q_scale) && scales.q_scale > 0.f, "scales.q_scale",
-                    "CUDA forward: q_scale = ", scales.q_scale,
-                    " must be a positive finite number for an fp8_e4m3 query");
-  }
-  check_tensor(query, "query", quant_query ? DType::fp8_e4m3 : params_.dtype,
-               Shape{num_tokens, num_heads, head_size}, 1);
+  check_defined(query, "query");
+  check_query_dtype(scales, query, "CUDA");
+  check_tensor(query, "query", query.dtype(), Shape{num_tokens, num_heads, head_size}, 1);
   check_vector_rows(query, "query", 2);
   // Fused fp8 output: output is e4m3 = o / output_scale[0]; the scale is (1,) f32 on the device and
   // read there (a value that is not positive and finite gives NaN rows: output_store.cuh).
