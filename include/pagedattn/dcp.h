@@ -20,9 +20,11 @@
 // runs of owned tokens (exact, but each reads its keys again: the efficient DCP prefill, an
 // all-gather of the context KV, is not built).
 // Not with ALiBi, sliding windows, chunked local attention or sinks (positions and the sink term
-// would be wrong on the local sequence): dcp_forward rejects them. DcpConfig (backend.h) is also
+// would be wrong on the local sequence): dcp_plan rejects them. DcpConfig (backend.h) is also
 // the layer's (AttentionLayerParams::dcp, MLAAttentionLayerParams::dcp, passed to its impl, whose
-// need_to_return_lse_for_decode() is then true); dcp_forward checks that the two agree.
+// need_to_return_lse_for_decode() is then true); dcp_plan checks that the two agree.
+// Host tensors with the in-memory group (CI's emulation), or device tensors with the NCCL group
+// (pagedattn/dcp_nccl.h), one GPU per rank.
 #pragma once
 
 #include <cstdint>
@@ -64,14 +66,20 @@ void merge_attn_states_n(std::span<const TensorView> outs, std::span<const Tenso
                          const TensorView& out, const TensorView& out_lse = {});
 
 // The group's communication. all_gather: every rank's `send` (same shape and dtype on every rank)
-// into `recv` (N, *send.shape), in rank order; every rank calls it, in the same order.
+// into `recv` (N, *send.shape), in rank order; every rank calls it, in the same order. device():
+// where its tensors live (the in-memory group: host; NCCL, pagedattn/dcp_nccl.h: the rank's GPU,
+// enqueued on current_cuda_stream()).
 class DcpCommunicator {
  public:
   virtual ~DcpCommunicator() = default;
   virtual int world_size() const = 0;
   virtual int rank() const = 0;
+  virtual Device device() const { return Device::cpu; }
   virtual void all_gather(const TensorView& send, const TensorView& recv) = 0;
 };
+
+// Whether this build has the NCCL communicator (pagedattn/dcp_nccl.h).
+bool built_with_nccl();
 
 // N ranks in one process (one thread each, host tensors): the communicators of one group. The
 // emulation CI runs DCP on.
@@ -81,20 +89,80 @@ std::vector<std::unique_ptr<DcpCommunicator>> make_in_memory_dcp_group(int world
 void run_dcp_ranks(int world_size, const std::function<void(int)>& body);
 
 // One rank's combine: all-gathers (local_out (T, H, Dv), local_lse (H, T) f32) and merges them
-// into out (T, H, Dv) and, when given, lse (H, T).
+// into out (T, H, Dv) and, when given, lse (H, T). Host tensors (the step's own path below packs
+// both into one buffer and runs on either device).
 void dcp_combine(DcpCommunicator& comm, const TensorView& local_out, const TensorView& local_lse,
                  const TensorView& out, const TensorView& lse = {});
 
-// A layer's forward on this rank of a DCP group (host tensors): the rank's local step of `global`,
-// planned by `builder` (the rank's builder of the layer's group; max_num_seqs must hold the local
-// requests), the step's new keys / values written where this rank holds them, attention over its
-// keys, then dcp_combine: out (and lse) hold the full attention of every row on every rank.
-// query / key / value / out: the global step's rows (num_actual_tokens of `global`).
+// A rank's share of one step of one layer, planned on the host (dcp_plan): the local step, the
+// builder's plan of it, and every buffer the step fills, on the layer's device:
+//   - when the local rows are the global rows in order (a decode step whose every request has a
+//     key here: `identity`), the layer reads the step's inputs in place and writes its output and
+//     LSE straight into `send`;
+//   - otherwise the local rows of the inputs are gathered into `inputs`, the layer writes
+//     local_out / local_lse, and a pack puts them at their global rows of `send` (zeros and LSE
+//     -inf for rows with no key here);
+//   - `send` (output (T, H, Dv) in the layer's dtype, then its LSE (H, T) f32 at lse_offset) is
+//     all-gathered into `recv` (N copies), and the N states are merged into the caller's out / lse.
+// With a plan, dcp_attend / dcp_combine / dcp_forward issue only kernels and the collective (no
+// host sync, no allocation), so a CUDA graph can capture them; keep the plan alive as long as the
+// graph. The builder's next build() invalidates the plan's attention plan, as for any plan.
+struct DcpPlan {
+  DcpConfig config;
+  DcpLocalStep step;
+  bool identity = false;
+  int64_t num_tokens = 0;  // T: rows of the global step
+  int64_t num_heads = 0, head_size_v = 0;
+  DType dtype = DType::bf16;
+  Device device = Device::cpu;
+  OwnedCommonAttentionMetadata metadata;         // the local step, on `device` (when it has rows)
+  std::shared_ptr<const AttentionMetadata> attention;  // the builder's plan of it (null: no local rows)
+  Tensor rows, inverse;                          // i32 (n): local -> global row; (T): global -> local or -1
+  Tensor inputs[3];                              // the local rows of the layer's three inputs
+  Tensor local_out, local_lse;                   // (n, H, Dv), (H, n) f32
+  Tensor send, recv;                             // u8 (bytes), (N, bytes)
+  int64_t lse_offset = 0;                        // bytes
+
+  int64_t num_local_rows() const { return static_cast<int64_t>(step.rows.size()); }
+  TensorView send_out() const;  // (T, H, Dv) view of send
+  TensorView send_lse() const;  // (H, T) f32 view of send
+};
+
+// Plans config.rank's share of `global` for `layer`: checks the layer's dcp against config, builds
+// the local step (reordered as the builder asks), has `builder` (the rank's builder of the layer's
+// group; max_num_seqs must hold the local requests) plan it, and allocates the step's buffers on the
+// layer's device. global: query_start_loc, seq_lens, block_table (virtual blocks), causal.
+std::unique_ptr<DcpPlan> dcp_plan(const Attention& layer, AttentionMetadataBuilder& builder, const DcpConfig& config,
+                                  const CommonAttentionMetadataArgs& global);
+std::unique_ptr<DcpPlan> dcp_plan(const MLAAttention& layer, AttentionMetadataBuilder& builder,
+                                  const DcpConfig& config, const CommonAttentionMetadataArgs& global);
+
+// The rank's local attention: the step's new keys / values written where this rank holds them,
+// attention over its keys, the result packed into plan.send. query / key / value: the global step's
+// rows (T), on the plan's device.
+void dcp_attend(Attention& layer, DcpPlan& plan, const TensorView& query, const TensorView& key,
+                const TensorView& value, const TensorView& kv_cache);
+// The same for an MLA layer (q (T, H, Dqk), kv_c_normed (T, L), k_pe (T, R)).
+void dcp_attend(MLAAttention& layer, DcpPlan& plan, const TensorView& q, const TensorView& kv_c_normed,
+                const TensorView& k_pe, const TensorView& kv_cache);
+// The group's combine of a planned step: plan.send all-gathered over comm (which must live on the
+// plan's device), the N states merged into out (T, H, Dv) and, when given, lse (H, T) f32: every
+// rank ends with the full attention of every row, the same bits on every rank.
+void dcp_combine(DcpPlan& plan, DcpCommunicator& comm, const TensorView& out, const TensorView& lse = {});
+
+// dcp_attend then dcp_combine.
+void dcp_forward(Attention& layer, DcpPlan& plan, DcpCommunicator& comm, const TensorView& query,
+                 const TensorView& key, const TensorView& value, const TensorView& kv_cache, const TensorView& out,
+                 const TensorView& lse = {});
+void dcp_forward(MLAAttention& layer, DcpPlan& plan, DcpCommunicator& comm, const TensorView& q,
+                 const TensorView& kv_c_normed, const TensorView& k_pe, const TensorView& kv_cache,
+                 const TensorView& out, const TensorView& lse = {});
+
+// One call: dcp_plan, then dcp_forward (host or device tensors, as the layer's).
 void dcp_forward(Attention& layer, AttentionMetadataBuilder& builder, DcpCommunicator& comm,
                  const DcpConfig& config, const CommonAttentionMetadataArgs& global,
                  const TensorView& query, const TensorView& key, const TensorView& value,
                  const TensorView& kv_cache, const TensorView& out, const TensorView& lse = {});
-// The same for an MLA layer (q (T, H, Dqk), kv_c_normed (T, L), k_pe (T, R); out (T, H, V)).
 void dcp_forward(MLAAttention& layer, AttentionMetadataBuilder& builder, DcpCommunicator& comm,
                  const DcpConfig& config, const CommonAttentionMetadataArgs& global,
                  const TensorView& q, const TensorView& kv_c_normed, const TensorView& k_pe,

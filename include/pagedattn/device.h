@@ -7,6 +7,10 @@ namespace pagedattn {
 // Number of CUDA devices visible (0 when built without CUDA or when no driver/device).
 int cuda_device_count();
 bool built_with_cuda();
+// The calling thread's current CUDA device (cudaGetDevice; 0 without CUDA or without a device). New
+// device tensors are allocated there unless given a device index: a rank of a multi-GPU group
+// calls cudaSetDevice once, and its layers, builders and caches live on its GPU.
+int current_cuda_device();
 // Stream used by every kernel and copy pagedattn issues from the calling thread
 // (thread-local; nullptr = the legacy default stream). Capture CUDA graphs on a stream you set.
 void* current_cuda_stream();

@@ -41,12 +41,16 @@ class Shape {
 // Row-major (contiguous) strides of a shape.
 Shape contiguous_strides(const Shape& shape);
 
+// device_index default: the calling thread's current CUDA device for Device::cuda (so a rank that
+// called cudaSetDevice allocates there), 0 for the host.
+inline constexpr int kCurrentDevice = -1;
+
 class TensorView {
  public:
   TensorView() = default;  // empty: data()==nullptr, ndim()==0; "not given" for optional args
-  TensorView(void* data, DType dtype, Shape shape, Device device = Device::cpu, int device_index = 0);
+  TensorView(void* data, DType dtype, Shape shape, Device device = Device::cpu, int device_index = kCurrentDevice);
   TensorView(void* data, DType dtype, Shape shape, Shape strides, Device device = Device::cpu,
-             int device_index = 0);
+             int device_index = kCurrentDevice);
 
   bool defined() const { return data_ != nullptr || shape_.ndim() > 0; }
   void* data() const { return data_; }
@@ -91,14 +95,14 @@ class TensorView {
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(Shape shape, DType dtype, Device device = Device::cpu, int device_index = 0);
+  Tensor(Shape shape, DType dtype, Device device = Device::cpu, int device_index = kCurrentDevice);
   static Tensor zeros(Shape shape, DType dtype, Device device = Device::cpu);
   // Allocates `shape` contiguous in `physical_order` (physical_order[0] = the outermost dim in
   // memory, as torch.empty_permuted) and returns the tensor whose view() is the logical-order
   // view with permuted strides. E.g. shape (2, N, B, H, D), order (0, 1, 3, 2, 4) -> strides
   // (N*H*B*D, H*B*D, D, B*D, 1).
   static Tensor empty_permuted(Shape shape, std::span<const int> physical_order, DType dtype,
-                               Device device = Device::cpu, int device_index = 0);
+                               Device device = Device::cpu, int device_index = kCurrentDevice);
   ~Tensor();
   Tensor(Tensor&& other) noexcept;
   Tensor& operator=(Tensor&& other) noexcept;

@@ -60,6 +60,15 @@ int cuda_device_count() {
 
 bool built_with_cuda() { return true; }
 
+int current_cuda_device() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no device: the index is not used for an allocation
+    return 0;
+  }
+  return device;
+}
+
 void synchronize_cuda() {
   if (cuda_device_count() == 0) return;
   PAGEDATTN_CUDA_CALL(cudaStreamSynchronize(stream()));

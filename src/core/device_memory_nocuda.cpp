@@ -8,6 +8,7 @@ namespace pagedattn {
 
 int cuda_device_count() { return 0; }
 bool built_with_cuda() { return false; }
+int current_cuda_device() { return 0; }
 void synchronize_cuda() {}
 
 namespace detail {

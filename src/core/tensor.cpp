@@ -2,6 +2,8 @@
 // core/device_memory.h), plus the argument checks every entry point uses.
 #include "pagedattn/tensor.h"
 
+#include "pagedattn/device.h"
+
 #include <algorithm>
 #include <cassert>
 #include <cstdlib>
@@ -195,7 +197,7 @@ TensorView::TensorView(void* data, DType dtype, Shape shape, Device device, int 
 TensorView::TensorView(void* data, DType dtype, Shape shape, Shape strides, Device device,
                        int device_index)
     : data_(data), dtype_(dtype), shape_(shape), strides_(strides), device_(device),
-      device_index_(device_index) {
+      device_index_(device_index >= 0 ? device_index : device == Device::cuda ? current_cuda_device() : 0) {
   PAGEDATTN_CHECK(strides.ndim() == shape.ndim(), "strides", "strides ", strides.str(), " have ",
                   strides.ndim(), " dimensions but shape ", shape.str(), " has ", shape.ndim());
   for (int i = 0; i < shape.ndim(); ++i) {
@@ -364,7 +366,7 @@ size_t allocation_bytes(const Shape& shape, DType dtype) {
 Tensor::Tensor(Shape shape, DType dtype, Device device, int device_index) {
   const size_t bytes = allocation_bytes(shape, dtype);
   void* p = allocate_bytes(bytes, device, device_index);
-  view_ = TensorView(p, dtype, shape, device, device_index);
+  view_ = TensorView(p, dtype, shape, device, device_index);  // (kCurrentDevice: resolved by the view)
   bytes_ = bytes;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backends/ops_test_util.h"
+#include "dcp/dcp_steps.h"
 #include "pagedattn/pagedattn.h"
 #include "sanitized_build.h"
 
@@ -57,30 +58,10 @@ TEST(DcpLayout, OwnersLocalPositionsAndLengthsMatchACount) {
   expect_error([] { DcpConfig{2, 0, 3}.validate(16); }, "dcp.interleave");
 }
 
-struct Req {
-  int context = 0, query = 0;
-};
+using dcp_test::Req;
 
-// The global step of `reqs` (fill: the contexts as new tokens from position 0, requests without one
-// left out), with a table of virtual blocks of kBlock * n tokens, distinct ids per request.
 CommonAttentionMetadataArgs global_step(const std::vector<Req>& reqs, int n, bool fill, int* num_blocks) {
-  CommonAttentionMetadataArgs a;
-  a.query_start_loc = {0};
-  int cols = 1, next = 0;
-  for (const Req& r : reqs) cols = std::max(cols, (r.context + r.query + kBlock * n - 1) / (kBlock * n));
-  a.max_num_blocks_per_req = cols;
-  for (const Req& r : reqs) {
-    const int used = (r.context + r.query + kBlock * n - 1) / (kBlock * n);
-    const int first = next;
-    next += used;
-    if (fill && r.context == 0) continue;
-    const int q = fill ? r.context : r.query;
-    a.query_start_loc.push_back(a.query_start_loc.back() + q);
-    a.seq_lens.push_back(fill ? r.context : r.context + r.query);
-    for (int c = 0; c < cols; ++c) a.block_table.push_back(c < used ? first + c : 0);
-  }
-  *num_blocks = next + 1;
-  return a;
+  return dcp_test::global_step(reqs, n, fill, kBlock, num_blocks);
 }
 
 TEST(DcpLayout, LocalStepRowsGeometryAndSlots) {

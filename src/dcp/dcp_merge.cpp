@@ -1,5 +1,6 @@
-// Decode context parallelism: the N-way LSE merge, the in-memory group (one process, one thread per
-// rank) and the per-rank forward drivers (pagedattn/dcp.h). Host tensors only.
+// Decode context parallelism on the host: the N-way LSE merge, the in-memory group (one process, one
+// thread per rank) and the host combine of pagedattn/dcp.h. The per-rank step drivers are in
+// dcp_forward.cpp.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -25,7 +26,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 void check_host(const TensorView& t, const char* argument, const char* who) {
   PAGEDATTN_CHECK(t.defined() && t.device() == Device::cpu, argument, who, ": ", argument, " (", t.describe(),
-                  ") must be a host tensor (DCP runs on host tensors; the NCCL path is not built)");
+                  ") must be a host tensor (device tensors go through a DcpPlan and dcp_combine(plan, ...))");
 }
 
 // Offset in elements of element (i, j, k) of a rank-2 or rank-3 view (k ignored for rank 2).
@@ -33,25 +34,6 @@ int64_t offset3(const TensorView& t, int64_t i, int64_t j, int64_t k) {
   int64_t o = i * t.stride(0) + j * t.stride(1);
   if (t.ndim() == 3) o += k * t.stride(2);
   return o;
-}
-
-// A contiguous copy of rows `rows` of a rank-2 or rank-3 host view.
-Tensor gather_rows(const TensorView& src, std::span<const int32_t> rows) {
-  Shape shape = src.shape();
-  shape[0] = static_cast<int64_t>(rows.size());
-  Tensor dst(shape, src.dtype(), Device::cpu);
-  const size_t es = src.element_size();
-  const int64_t a = src.size(1), b = src.ndim() == 3 ? src.size(2) : 1;
-  auto* out = static_cast<uint8_t*>(dst.data());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    for (int64_t j = 0; j < a; ++j) {
-      for (int64_t k = 0; k < b; ++k) {
-        std::memcpy(out, static_cast<const uint8_t*>(src.data()) + offset3(src, rows[i], j, k) * static_cast<int64_t>(es), es);
-        out += es;
-      }
-    }
-  }
-  return dst;
 }
 
 // An in-memory group: all_gather through a shared table of the ranks' send views and a generation
@@ -112,86 +94,6 @@ class InMemoryCommunicator final : public DcpCommunicator {
   int rank_;
 };
 
-void check_dcp_layer(const DcpConfig& config, const DcpConfig& layer, DcpCommunicator& comm, int block_size,
-                     const char* who) {
-  config.validate(block_size);
-  PAGEDATTN_CHECK(config.world_size == comm.world_size() && config.rank == comm.rank(), "dcp", who,
-                  ": config (world_size ", config.world_size, ", rank ", config.rank,
-                  ") does not match the communicator's (", comm.world_size(), ", ", comm.rank(), ")");
-  PAGEDATTN_CHECK(config == layer, "dcp", who, ": config (world_size ", config.world_size, ", rank ", config.rank,
-                  ", interleave ", config.interleave, ") is not the layer's dcp (", layer.world_size, ", ", layer.rank,
-                  ", ", layer.interleave, "): create the layer with the group's DcpConfig");
-}
-
-// This rank's share of a step: the local step, reordered as the builder asks (MLA: decodes first).
-DcpLocalStep local_step_for(AttentionMetadataBuilder& builder, const CommonAttentionMetadataArgs& global,
-                            const DcpConfig& config, int block_size) {
-  DcpLocalStep step = make_dcp_local_step(global, config, block_size);
-  const CommonAttentionMetadataArgs& a = step.args;
-  const size_t n = a.seq_lens.size();
-  std::vector<int32_t> lens(n);
-  for (size_t i = 0; i < n; ++i) lens[i] = a.query_start_loc[i + 1] - a.query_start_loc[i];
-  const std::optional<BatchReorder> reorder = builder.reorder_batch(lens);
-  if (!reorder) return step;
-  DcpLocalStep out;
-  CommonAttentionMetadataArgs& b = out.args;
-  b.query_start_loc = {0};
-  b.max_num_blocks_per_req = a.max_num_blocks_per_req;
-  b.causal = a.causal;
-  const size_t cols = static_cast<size_t>(a.max_num_blocks_per_req);
-  for (int i : reorder->order) {
-    const auto req = static_cast<size_t>(i);
-    b.seq_lens.push_back(a.seq_lens[req]);
-    b.block_table.insert(b.block_table.end(), a.block_table.begin() + static_cast<int64_t>(req * cols),
-                         a.block_table.begin() + static_cast<int64_t>((req + 1) * cols));
-    for (int32_t t = a.query_start_loc[req]; t < a.query_start_loc[req + 1]; ++t) {
-      out.rows.push_back(step.rows[static_cast<size_t>(t)]);
-      b.slot_mapping.push_back(a.slot_mapping[static_cast<size_t>(t)]);
-    }
-    b.query_start_loc.push_back(b.query_start_loc.back() + lens[req]);
-  }
-  return out;
-}
-
-// The local result scattered to the step's rows (rows without a local key: 0, LSE -inf), then the
-// group's combine into out / lse.
-void scatter_and_combine(DcpCommunicator& comm, const DcpLocalStep& step, const Tensor& local_out,
-                         const Tensor& local_lse, const TensorView& out, const TensorView& lse) {
-  const int64_t t = out.size(0), h = out.size(1), d = out.size(2);
-  Tensor full_out(Shape{t, h, d}, out.dtype(), Device::cpu);
-  full_out.fill_bytes(0);
-  Tensor full_lse(Shape{h, t}, DType::f32, Device::cpu);
-  std::fill_n(full_lse.data_as<float>(), h * t, kNegInf);
-  const size_t row_bytes = static_cast<size_t>(h * d) * dtype_size(out.dtype());
-  for (size_t i = 0; i < step.rows.size(); ++i) {
-    const int64_t row = step.rows[i];
-    std::memcpy(static_cast<uint8_t*>(full_out.data()) + static_cast<size_t>(row) * row_bytes,
-                static_cast<const uint8_t*>(local_out.data()) + i * row_bytes, row_bytes);
-    for (int64_t j = 0; j < h; ++j) {
-      full_lse.data_as<float>()[j * t + row] = local_lse.data_as<const float>()[j * static_cast<int64_t>(step.rows.size()) + static_cast<int64_t>(i)];
-    }
-  }
-  dcp_combine(comm, full_out, full_lse, out, lse);
-}
-
-// One rank's step of a layer: the local step planned by the rank's builder, `attend(rows, plan,
-// local_out, local_lse)` over the gathered rows (when the rank has any), then the group's combine.
-template <class Attend>
-void run_on_rank(AttentionMetadataBuilder& builder, DcpCommunicator& comm, const DcpConfig& config, int block_size,
-                 const CommonAttentionMetadataArgs& global, const TensorView& out, const TensorView& lse,
-                 Attend&& attend) {
-  const DcpLocalStep step = local_step_for(builder, global, config, block_size);
-  const auto n = static_cast<int64_t>(step.rows.size());
-  Tensor local_out(Shape{n, out.size(1), out.size(2)}, out.dtype(), Device::cpu);
-  Tensor local_lse(Shape{out.size(1), n}, DType::f32, Device::cpu);
-  if (n > 0) {
-    const OwnedCommonAttentionMetadata md = make_common_attention_metadata(step.args, Device::cpu);
-    const auto plan = builder.build(0, md.common);
-    attend(std::span<const int32_t>(step.rows), *plan, local_out, local_lse);
-  }
-  scatter_and_combine(comm, step, local_out, local_lse, out, lse);
-}
-
 }  // namespace
 
 void merge_attn_states_n(std::span<const TensorView> outs, std::span<const TensorView> lses, const TensorView& out,
@@ -245,6 +147,14 @@ void merge_attn_states_n(std::span<const TensorView> outs, std::span<const Tenso
   }
 }
 
+bool built_with_nccl() {
+#if PAGEDATTN_HAS_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::vector<std::unique_ptr<DcpCommunicator>> make_in_memory_dcp_group(int world_size) {
   PAGEDATTN_CHECK(world_size >= 1, "world_size", "make_in_memory_dcp_group: world_size = ", world_size,
                   " must be >= 1");
@@ -296,45 +206,6 @@ void dcp_combine(DcpCommunicator& comm, const TensorView& local_out, const Tenso
     lse_views.push_back(lses.view().select(0, r));
   }
   merge_attn_states_n(out_views, lse_views, out, lse);
-}
-
-void dcp_forward(Attention& layer, AttentionMetadataBuilder& builder, DcpCommunicator& comm, const DcpConfig& config,
-                 const CommonAttentionMetadataArgs& global, const TensorView& query, const TensorView& key,
-                 const TensorView& value, const TensorView& kv_cache, const TensorView& out, const TensorView& lse) {
-  constexpr const char* kWho = "dcp_forward";
-  const AttentionLayerParams& p = layer.params();
-  check_dcp_layer(config, p.dcp, comm, p.block_size, kWho);
-  PAGEDATTN_CHECK(p.attn_type == AttentionType::decoder && p.alibi_slopes.empty() && !p.sliding_window &&
-                      !p.attention_chunk_size && p.sinks.empty() && !p.kv_sharing_target_layer_name,
-                  "layer", kWho, ": layer '", p.prefix,
-                  "' uses ALiBi, a sliding window, chunked local attention, sinks, KV sharing or a non-decoder "
-                  "type: DCP computes each rank's share on local positions and merges one sink-free softmax per "
-                  "rank, so none of them is supported");
-  for (const auto& [t, name] : {std::pair{&query, "query"}, std::pair{&key, "key"}, std::pair{&value, "value"},
-                                std::pair{&kv_cache, "kv_cache"}, std::pair{&out, "out"}}) {
-    check_host(*t, name, kWho);
-  }
-  run_on_rank(builder, comm, config, p.block_size, global, out, lse,
-              [&](std::span<const int32_t> rows, const AttentionMetadata& plan, const Tensor& o, const Tensor& l) {
-                const Tensor q = gather_rows(query, rows), k = gather_rows(key, rows), v = gather_rows(value, rows);
-                layer.forward(q, k, v, kv_cache, plan, o, l);
-              });
-}
-
-void dcp_forward(MLAAttention& layer, AttentionMetadataBuilder& builder, DcpCommunicator& comm, const DcpConfig& config,
-                 const CommonAttentionMetadataArgs& global, const TensorView& q, const TensorView& kv_c_normed,
-                 const TensorView& k_pe, const TensorView& kv_cache, const TensorView& out, const TensorView& lse) {
-  constexpr const char* kWho = "dcp_forward (MLA)";
-  check_dcp_layer(config, layer.params().dcp, comm, layer.params().block_size, kWho);
-  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&kv_c_normed, "kv_c_normed"}, std::pair{&k_pe, "k_pe"},
-                                std::pair{&kv_cache, "kv_cache"}, std::pair{&out, "out"}}) {
-    check_host(*t, name, kWho);
-  }
-  run_on_rank(builder, comm, config, layer.params().block_size, global, out, lse,
-              [&](std::span<const int32_t> rows, const AttentionMetadata& plan, const Tensor& o, const Tensor& l) {
-                const Tensor lq = gather_rows(q, rows), lc = gather_rows(kv_c_normed, rows), lk = gather_rows(k_pe, rows);
-                layer.forward(lq, lc, lk, kv_cache, plan, o, l);
-              });
 }
 
 }  // namespace pagedattn
