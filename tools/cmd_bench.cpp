@@ -16,6 +16,8 @@
 #include <ostream>
 #include <random>
 
+#include "bench_dcp.h"
+#include "bench_fill.h"
 #include "calibrate.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -49,6 +51,7 @@ struct BenchFlags {
   double min_seconds = 0.2;
   std::string out = "bench-out";
   uint64_t seed = 0;
+  int dcp = 1;  // > 1: also the long-context DCP grid on that many ranks (bench_dcp.h)
 };
 
 struct Request {
@@ -92,23 +95,6 @@ std::vector<GridPoint> make_grid(const std::string& grid) {
     points.push_back(p);
   }
   return points;
-}
-
-// Fills a contiguous tensor with N(0, 1) values of its dtype by repeating a random tile (fast for
-// GiBs), generated on the host and copied to the tensor's device.
-void fill_random(Tensor& t, uint64_t seed) {
-  Tensor host(t.shape(), t.dtype(), Device::cpu);
-  const int64_t tile = std::min<int64_t>(t.numel(), 1 << 20);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (int64_t i = 0; i < tile; ++i) store_f32(host.data(), t.dtype(), i, normal(rng));
-  const size_t esize = dtype_size(t.dtype());
-  char* base = static_cast<char*>(host.data());
-  for (int64_t done = tile; done < t.numel(); done += tile) {
-    int64_t n = std::min(tile, t.numel() - done);
-    std::memcpy(base + done * static_cast<int64_t>(esize), base, static_cast<size_t>(n) * esize);
-  }
-  t.copy_from(host.view());
 }
 
 // The backend's cache as kv_cache.h lays it out: stored contiguously in kv_cache_stride_order,
@@ -274,6 +260,13 @@ Command add_bench_command(CLI::App& parent) {
       ->check(number_option(0, kMaxMinSeconds));
   app->add_option("--out", f->out, "output folder (created; checked before the grid runs)")->capture_default_str();
   app->add_option("--seed", f->seed, "seed of the inputs")->capture_default_str()->check(seed_option());
+  app->add_option("--dcp", f->dcp,
+                  "also the long-context decode grid of decode context parallelism on N ranks (quick: B4 x 16k, "
+                  "B8 x 32k; full: B8 x 64k, B8 x 256k): the layer unsharded on one rank, then striped over N "
+                  "(threads; --device cuda: one GPU and NCCL communicator each), with each rank's local attention "
+                  "and communication (all-gather + merge) timed apart")
+      ->capture_default_str()
+      ->check(integer_option(1, kMaxDcpRanks));
 
   CommandAction action = [f](Streams& io) -> int {
     if (f->grid != "quick" && f->grid != "full") throw UsageError("--grid: '" + f->grid + "' is not a grid: expected quick or full");
@@ -361,6 +354,25 @@ Command add_bench_command(CLI::App& parent) {
       }
     }
 
+    std::vector<DcpBenchResult> dcp_results;
+    if (f->dcp > 1) {
+      DcpBenchConfig dc;
+      dc.ranks = f->dcp;
+      dc.block_size = f->block_size;
+      dc.kv_cache_dtype = f->kv_cache_dtype;
+      dc.device = device;
+      dc.dtype = dtype;
+      dc.min_seconds = f->min_seconds;
+      dc.seed = f->seed;
+      for (const AttentionBackend* b : backends) {
+        for (const DcpBenchPoint& point : dcp_bench_grid(f->grid)) {
+          io.err << "pagedattn bench: " << b->name() << " dcp x" << f->dcp << " B=" << point.batch
+                 << " ctx=" << point.context + 1 << "\n";
+          dcp_results.push_back(run_dcp_bench_point(*b, shape, point, dc));
+        }
+      }
+    }
+
     TextTable t({"backend", "grid", "point", "tokens", "time (median)", "plan", "bandwidth", "of peak", "compute",
                  "of peak"});
     nlohmann::json points = nlohmann::json::array();
@@ -391,13 +403,36 @@ Command add_bench_command(CLI::App& parent) {
     std::string peak_line = peaks ? "peaks: " + format_bandwidth(peaks->bandwidth) + " (" + peaks->bandwidth_source + "), " +
                                         format_flops(peaks->flops) + " (" + peaks->flops_source + ")"
                                   : "peaks: n/a (" + peaks_why + ")";
+    TextTable dt({"backend", "dcp point", "ranks", "1 rank", "N ranks", "speed-up", "attend", "communication",
+                  "KV per rank"});
+    nlohmann::json dcp_points = nlohmann::json::array();
+    for (const DcpBenchResult& r : dcp_results) {
+      dt.add_row({r.backend, r.label, std::to_string(r.ranks), format_seconds(r.one_rank_seconds),
+                  format_seconds(r.step_seconds), format_sig(r.one_rank_seconds / r.step_seconds) + "x",
+                  format_seconds(r.attend_seconds),
+                  format_seconds(r.comm_seconds) + " (" + format_percent(r.comm_seconds / r.step_seconds) + ")",
+                  format_percent(static_cast<double>(r.kv_bytes_per_rank) / static_cast<double>(r.kv_bytes_one_rank))});
+      dcp_points.push_back({{"backend", r.backend}, {"point", r.label}, {"ranks", r.ranks},
+                            {"one_rank_seconds", r.one_rank_seconds}, {"step_seconds", r.step_seconds},
+                            {"attend_seconds", r.attend_seconds}, {"comm_seconds", r.comm_seconds},
+                            {"kv_bytes_one_rank", r.kv_bytes_one_rank}, {"kv_bytes_per_rank", r.kv_bytes_per_rank},
+                            {"iterations", r.iterations}});
+    }
+    const std::string dcp_title = "decode context parallelism, " + std::to_string(f->dcp) + " ranks" +
+                                  (device == Device::cuda ? " (one GPU each, NCCL)" : " (threads sharing the host's cores)") +
+                                  ": medians; communication = the all-gather + merge of the rank that waited least";
     io.out << header << "\n" << peak_line << "\n\n";
     t.print(io.out);
+    if (!dcp_results.empty()) {
+      io.out << "\n" << dcp_title << "\n\n";
+      dt.print(io.out);
+    }
 
     nlohmann::json doc = {{"command", "bench"}, {"header", header}, {"preset", preset.name}, {"layer", f->layer},
                           {"device", device_name(device)}, {"threads", threads}, {"dtype", dtype_name(dtype)},
                           {"kv_cache_dtype", f->kv_cache_dtype}, {"block_size", f->block_size}, {"grid", f->grid},
                           {"points", points}};
+    if (!dcp_results.empty()) doc["dcp_points"] = dcp_points;
     if (peaks) {
       doc["peak_bandwidth_bytes_per_second"] = peaks->bandwidth;
       doc["peak_flop_per_second"] = peaks->flops;
@@ -405,7 +440,8 @@ Command add_bench_command(CLI::App& parent) {
       doc["peak_flops_source"] = peaks->flops_source;
     }
     std::ofstream(dir / "cli_bench.json") << doc.dump(2) << "\n";
-    std::ofstream(dir / "cli_bench.md") << "# " << header << "\n\n" << peak_line << "\n\n" << t.str();
+    std::ofstream(dir / "cli_bench.md") << "# " << header << "\n\n" << peak_line << "\n\n" << t.str()
+                                        << (dcp_results.empty() ? "" : "\n" + dcp_title + "\n\n" + dt.str());
     io.out << "\nwrote " << (dir / "cli_bench.json").string() << " and " << (dir / "cli_bench.md").string() << "\n";
 
     std::filesystem::path script = PAGEDATTN_CLI_ROOFLINE_SCRIPT;

@@ -151,10 +151,11 @@ Command add_run_command(CLI::App& parent) {
       ->check(integer_option(0, kMaxTokens))
       ->group(sched);
   app->add_option("--dcp", f->dcp,
-                  "decode context parallelism: every layer's KV cache striped over N ranks (threads of this process, "
-                  "an in-memory group; pagedattn/dcp.h), each row attended on every rank and merged by LSE; reports "
-                  "the KV memory per rank. Host only; not for layers with sliding windows, chunked local attention, "
-                  "sinks or ALiBi")
+                  "decode context parallelism: every layer's KV cache striped over N ranks (threads of this process; "
+                  "--device cpu: an in-memory group, --device cuda: GPU r and an NCCL communicator for rank r; "
+                  "pagedattn/dcp.h), each row attended on every rank and merged by LSE; reports the KV memory and "
+                  "the attention time per rank. Not for layers with sliding windows, chunked local attention, sinks "
+                  "or ALiBi")
       ->capture_default_str()
       ->check(integer_option(1, kMaxDcpRanks))
       ->group(sched);

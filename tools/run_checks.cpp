@@ -75,10 +75,6 @@ void validate_run_options(const RunOptions& o) {
       throw UsageError("--dcp-interleave: " + std::to_string(o.dcp_interleave) + " does not divide --block-size " +
                        std::to_string(o.block_size) + " (a block holds whole interleave stripes)");
     }
-    if (o.device != Device::cpu) {
-      throw UsageError("--dcp: decode context parallelism runs on the host for now (an in-memory group of threads; "
-                       "the NCCL path is not built): use --device cpu");
-    }
     if (o.check_invariance) throw UsageError("--check-invariance: not with --dcp (it re-runs layers unsharded)");
   }
   validate_workload(o.workload);

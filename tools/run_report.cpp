@@ -26,9 +26,18 @@ void print_run_report(const RunReport& r, std::ostream& os) {
      << o.block_size << ", " << format_count(r.num_blocks) << " blocks (" << mib(r.kv_cache_bytes)
      << " of KV cache)\n";
   if (o.dcp_world_size > 1) {
-    os << "  decode context parallelism: " << o.dcp_world_size << " ranks (threads), interleave " << o.dcp_interleave
-       << ": " << mib(r.kv_cache_bytes_per_rank) << " of KV cache per rank (1/" << o.dcp_world_size << " of "
-       << mib(r.kv_cache_bytes) << "), virtual blocks of " << o.block_size * o.dcp_world_size << " tokens\n";
+    os << "  decode context parallelism: " << o.dcp_world_size
+       << (o.device == Device::cuda ? " ranks (one GPU and thread each, NCCL)" : " ranks (threads, in-memory group)")
+       << ", interleave " << o.dcp_interleave << ": " << mib(r.kv_cache_bytes_per_rank) << " of KV cache per rank (1/"
+       << o.dcp_world_size << " of " << mib(r.kv_cache_bytes) << "), virtual blocks of "
+       << o.block_size * o.dcp_world_size << " tokens\n";
+    if (!r.dcp_rank_forward_seconds.empty()) {
+      os << "  attention time per rank (its own forward, synchronized):";
+      for (size_t k = 0; k < r.dcp_rank_forward_seconds.size(); ++k) {
+        os << (k ? ", " : " ") << "rank " << k << " " << format_sig(r.dcp_rank_forward_seconds[k] * 1e3, 3) << " ms";
+      }
+      os << "\n";
+    }
   }
   os << "  workload: " << r.num_requests << " requests, prompt " << o.workload.prompt_len.describe();
   if (o.workload.system_prompt_len > 0) os << " + shared system prompt " << o.workload.system_prompt_len;
@@ -162,6 +171,7 @@ std::string run_report_json(const RunReport& r) {
                   {"dcp_world_size", o.dcp_world_size},
                   {"dcp_interleave", o.dcp_interleave},
                   {"kv_cache_bytes_per_rank", r.kv_cache_bytes_per_rank},
+                  {"dcp_rank_forward_seconds", r.dcp_rank_forward_seconds},
                   {"max_num_batched_tokens", o.max_num_batched_tokens},
                   {"max_num_seqs", o.max_num_seqs},
                   {"chunked_prefill", o.chunked_prefill},

@@ -1,6 +1,8 @@
 // The serving simulation (see simulation.h for the data flow).
 #include "simulation.h"
 
+#include "dcp_ranks.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -145,8 +147,9 @@ struct Simulation::State {
   // MLA layers: one kv_b_proj weight (H*(P+V), L), N(0, 1/L) values, shared by every layer (the
   // simulator has no model weights; each layer still splits it into its own W_UK / W_UV).
   Tensor kv_b_proj_host, kv_b_proj_device;
-  // --dcp N: the in-memory group of N ranks (one communicator each).
-  std::vector<std::unique_ptr<DcpCommunicator>> dcp_group;
+  // --dcp N: the group of N ranks (threads; on CUDA one GPU and one NCCL communicator each).
+  std::unique_ptr<DcpRanks> dcp_ranks;
+  std::vector<double> dcp_rank_seconds;  // each rank's own forward time (its dcp_forward, synchronized)
   DcpConfig dcp_config(int rank) const { return DcpConfig{options.dcp_world_size, rank, options.dcp_interleave}; }
   bool dcp() const { return options.dcp_world_size > 1; }
 
@@ -191,7 +194,10 @@ int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState
   group.shape = shape;
   group.builder = backend.make_builder(spec, config, device);
   if (dcp() && !reference) {
-    for (int r = 1; r < options.dcp_world_size; ++r) group.rank_builders.push_back(backend.make_builder(spec, config, device));
+    for (int r = 1; r < options.dcp_world_size; ++r) {
+      const DcpRanks::OnRank scope(*dcp_ranks, r);
+      group.rank_builders.push_back(backend.make_builder(spec, config, device));
+    }
   }
   list.push_back(std::move(group));
   return static_cast<int>(list.size()) - 1;
@@ -234,6 +240,13 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     }
   }
 
+  if (s.dcp()) {
+    s.dcp_ranks = std::make_unique<DcpRanks>(o.dcp_world_size, o.device);
+    s.dcp_rank_seconds.assign(static_cast<size_t>(o.dcp_world_size), 0.0);
+  }
+  // Rank r's objects (--dcp, r >= 1) are made with its GPU current (on CUDA).
+  const auto on_rank = [&](int r) { return DcpRanks::OnRank(*s.dcp_ranks, r); };
+
   // ---- layers (the selector picks each layer's backend) -----------------------------------------
   std::mt19937_64 sink_rng(o.seed ^ 0x51A5u);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -262,6 +275,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
         ls.mla = std::make_unique<MLAAttention>(p);
         for (int r = 1; r < o.dcp_world_size; ++r) {
           p.dcp.rank = r;
+          const auto scope = on_rank(r);
           ls.rank_mla.push_back(std::make_unique<MLAAttention>(p));
         }
       } catch (const Error& e) {
@@ -304,6 +318,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
       ls.layer = std::make_unique<Attention>(p);
       for (int r = 1; r < o.dcp_world_size; ++r) {
         p.dcp.rank = r;
+        const auto scope = on_rank(r);
         ls.rank_layers.push_back(std::make_unique<Attention>(p));
       }
     } catch (const Error& e) {
@@ -360,7 +375,6 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   }
   s.check = o.check.value_or(s.preset->name == "tiny");
   if (o.check_invariance) s.invariance = std::make_unique<InvarianceChecker>(o.seed, o.device);
-  if (s.dcp()) s.dcp_group = make_in_memory_dcp_group(o.dcp_world_size);
   RunMemory memory;
   memory.num_layers = static_cast<int>(s.layers.size());
   memory.page_bytes = page_bytes;
@@ -389,6 +403,7 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
     s.kv_cache_bytes += static_cast<int64_t>(l.cache.nbytes());
     s.kv_cache_bytes_per_rank += static_cast<int64_t>(l.cache.nbytes());
     for (int r = 1; r < o.dcp_world_size; ++r) {
+      const auto scope = on_rank(r);
       l.rank_caches.push_back(l.mla ? l.rank_mla[static_cast<size_t>(r - 1)]->allocate_kv_cache(sc.num_blocks)
                                     : l.rank_layers[static_cast<size_t>(r - 1)]->allocate_kv_cache(sc.num_blocks));
       s.kv_cache_bytes += static_cast<int64_t>(l.rank_caches.back().nbytes());
@@ -404,7 +419,11 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
         if (o.device != Device::cpu) s.kv_b_proj_device = s.kv_b_proj_host.to(o.device);
       }
       l.mla->process_weights_after_loading(o.device == Device::cpu ? s.kv_b_proj_host.view() : s.kv_b_proj_device.view());
-      for (auto& rank : l.rank_mla) rank->process_weights_after_loading(s.kv_b_proj_host.view());
+      for (size_t r = 0; r < l.rank_mla.size(); ++r) {
+        const auto scope = on_rank(static_cast<int>(r) + 1);
+        const Tensor weight = o.device == Device::cpu ? Tensor() : s.kv_b_proj_host.to(o.device);  // on GPU r
+        l.rank_mla[r]->process_weights_after_loading(weight.defined() ? weight.view() : s.kv_b_proj_host.view());
+      }
       if (s.check) {
         MLAAttentionLayerParams rp = l.mla->params();
         rp.backend = "REFERENCE_MLA";
@@ -576,25 +595,38 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
     invariance->check_layer(l.name(), l.group, *g.backend, g.spec, g.config, step_args, num_blocks, in, out,
                             forward);
   };
-  // --dcp: the layer's step on every rank (one thread each); rank 0 writes `out`.
+  // --dcp: the layer's step on every rank (one thread each); rank 0 writes `out`. On CUDA, rank r
+  // (GPU r) reads a copy of the step's inputs on its GPU and writes its own output there.
   auto dcp_step = [&](LayerState& l, std::initializer_list<TensorView> inputs, const TensorView& out) {
     const TensorView in[3] = {inputs.begin()[0], inputs.begin()[1], inputs.begin()[2]};
-    const int n = o.dcp_world_size;
     GroupState& g = groups[static_cast<size_t>(l.group)];
-    std::vector<Tensor> rank_out;
-    for (int r = 1; r < n; ++r) rank_out.emplace_back(out.shape(), out.dtype(), Device::cpu);
-    run_dcp_ranks(n, [&](int r) {
-      const TensorView o_r = r == 0 ? out : rank_out[static_cast<size_t>(r - 1)].view();
+    dcp_ranks->run([&](int r) {
+      std::vector<Tensor> local;  // rank r >= 1: its output (and on CUDA its inputs, on its GPU)
+      local.reserve(4);
+      TensorView x[3] = {in[0], in[1], in[2]}, o_r = out;
+      if (r > 0) {
+        for (TensorView& v : x) {
+          if (o.device != Device::cuda) break;
+          local.emplace_back(v.shape(), v.dtype(), v.device());
+          local.back().copy_from(v);
+          v = local.back().view();
+        }
+        local.emplace_back(out.shape(), out.dtype(), out.device());
+        o_r = local.back().view();
+      }
       AttentionMetadataBuilder& b = r == 0 ? *g.builder : *g.rank_builders[static_cast<size_t>(r - 1)];
       const TensorView cache = r == 0 ? l.cache.view() : l.rank_caches[static_cast<size_t>(r - 1)].view();
-      DcpCommunicator& comm = *dcp_group[static_cast<size_t>(r)];
+      DcpCommunicator& comm = dcp_ranks->comm(r);
+      const auto t0 = Clock::now();
       if (l.mla) {
         MLAAttention& layer = r == 0 ? *l.mla : *l.rank_mla[static_cast<size_t>(r - 1)];
-        dcp_forward(layer, b, comm, dcp_config(r), args, in[0], in[1], in[2], cache, o_r);
+        dcp_forward(layer, b, comm, dcp_config(r), args, x[0], x[1], x[2], cache, o_r);
       } else {
         Attention& layer = r == 0 ? *l.layer : *l.rank_layers[static_cast<size_t>(r - 1)];
-        dcp_forward(layer, b, comm, dcp_config(r), args, in[0], in[1], in[2], cache, o_r);
+        dcp_forward(layer, b, comm, dcp_config(r), args, x[0], x[1], x[2], cache, o_r);
       }
+      if (o.device == Device::cuda) synchronize_cuda();
+      dcp_rank_seconds[static_cast<size_t>(r)] += seconds_since(t0);
     });
   };
   std::uniform_int_distribution<int64_t> offset_dist(0, pool_slack / 64 - 1);
@@ -761,6 +793,7 @@ RunReport Simulation::run(std::ostream* progress) {
     if (o.progress) bar.update(s.scheduler->stats());
   }
   report.wall_seconds = seconds_since(t_wall);
+  report.dcp_rank_forward_seconds = s.dcp_rank_seconds;
   if (o.progress) bar.finish(s.scheduler->stats());
   report.completed = s.scheduler->done();
   if (report.completed) s.scheduler->release_prefix_cache();

@@ -13,10 +13,11 @@
 // --check-invariance re-runs sampled requests of every check_interval-th step through the first
 // layer of each group, alone and in shuffled sub-batches (invariance_check.h).
 //
-// --dcp N (host only): every layer runs on N ranks (threads, an in-memory group) with its cache
-// striped over them (pagedattn/dcp.h): N layers and caches per layer, N builders per group, the
-// scheduler's blocks are virtual blocks of N x block_size tokens, and each layer's step is
-// dcp_forward on every rank (planning included in its forward time). --check compares rank 0's
+// --dcp N: every layer runs on N ranks (threads; on the host an in-memory group, on CUDA GPU r and
+// an NCCL communicator per rank: dcp_ranks.h) with its cache striped over them (pagedattn/dcp.h):
+// N layers and caches per layer, N builders per group, the scheduler's blocks are virtual blocks of
+// N x block_size tokens, and each layer's step is dcp_forward on every rank (planning included in
+// its forward time; each rank's own time is reported). --check compares rank 0's
 // output with REFERENCE layers whose block size is the virtual one (the unsharded layout).
 //
 // --check keeps a second set of layers forced to REFERENCE (on the CPU) with caches of their
@@ -68,7 +69,7 @@ struct RunOptions {
   bool chunked_prefill = true;
   int long_prefill_token_threshold = 0;
   int max_steps = 0;                  // 0 = until every request finished
-  int dcp_world_size = 1;             // decode context parallelism: ranks (threads) per layer (pagedattn/dcp.h)
+  int dcp_world_size = 1;             // decode context parallelism: ranks (threads; one GPU each on CUDA) per layer
   int dcp_interleave = 1;             // tokens per rank stripe (divides block_size)
   int num_speculative_tokens = 0;     // K draft tokens per decode (scheduler.h); 0 = none
   double spec_acceptance_rate = 0.7;  // probability that one draft is accepted
@@ -124,6 +125,7 @@ struct RunReport {
   int num_blocks = 0;
   int64_t kv_cache_bytes = 0;         // all layer caches of the run (check caches excluded; --dcp: every rank's)
   int64_t kv_cache_bytes_per_rank = 0;  // --dcp: one rank's caches (kv_cache_bytes / N)
+  std::vector<double> dcp_rank_forward_seconds;  // --dcp: each rank's own dcp_forward time (synchronized)
   std::vector<LayerReport> layers;
   std::vector<GroupReport> groups;
   SchedulerStats stats;

@@ -69,6 +69,13 @@ int current_cuda_device() {
   return device;
 }
 
+void set_current_cuda_device(int index) {
+  const int count = cuda_device_count();
+  PAGEDATTN_CHECK(index >= 0 && index < count, "device", "device: set_current_cuda_device(", index, "): ",
+                  count, " CUDA devices are visible");
+  PAGEDATTN_CUDA_CALL(cudaSetDevice(index));
+}
+
 void synchronize_cuda() {
   if (cuda_device_count() == 0) return;
   PAGEDATTN_CUDA_CALL(cudaStreamSynchronize(stream()));

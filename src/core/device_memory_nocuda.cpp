@@ -9,6 +9,9 @@ namespace pagedattn {
 int cuda_device_count() { return 0; }
 bool built_with_cuda() { return false; }
 int current_cuda_device() { return 0; }
+void set_current_cuda_device(int index) {
+  throw Error("device", detail::concat("device: set_current_cuda_device(", index, "): pagedattn was built without CUDA"));
+}
 void synchronize_cuda() {}
 
 namespace detail {

@@ -119,7 +119,7 @@ TEST(CliRun, SpeculativeDecodingChecksAndReportsAcceptedTokens) {
 }
 
 // run --dcp N: every layer's cache striped over N ranks (threads), rank 0's output checked against
-// the unsharded REFERENCE layer; the report gives the KV memory per rank (1/N); layers DCP cannot
+// the unsharded REFERENCE layer; the report gives the KV memory (1/N) and attention time per rank; layers DCP cannot
 // run and a bad interleave are usage errors naming the flag.
 TEST(CliRun, DecodeContextParallelRanksMatchReference) {
   std::filesystem::path json = std::filesystem::temp_directory_path() / "pagedattn_cli_test_dcp.json";
@@ -133,6 +133,9 @@ TEST(CliRun, DecodeContextParallelRanksMatchReference) {
   nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j["options"]["dcp_world_size"], 2);
   EXPECT_EQ(j["options"]["kv_cache_bytes_per_rank"].get<int64_t>() * 2, j["options"]["kv_cache_bytes"].get<int64_t>());
+  ASSERT_EQ(j["options"]["dcp_rank_forward_seconds"].size(), 2u);
+  for (const auto& t : j["options"]["dcp_rank_forward_seconds"]) EXPECT_GT(t.get<double>(), 0.0);
+  EXPECT_NE(r.out.find("attention time per rank"), std::string::npos) << r.out;
   std::filesystem::remove(json);
   r = cli({"run", "--preset", "deepseek-v3", "--layers", "1", "--tp", "8", "--backend", "CPU_MLA", "--num-requests", "3",
            "--prompt-len", "uniform:8:40", "--output-len", "uniform:2:5", "--dcp", "3", "--dcp-interleave", "16",
@@ -145,6 +148,26 @@ TEST(CliRun, DecodeContextParallelRanksMatchReference) {
   r = cli({"run", "--preset", "llama3-8b", "--layers", "1", "--dcp", "2", "--dcp-interleave", "5", "--no-peaks"});
   EXPECT_EQ(r.code, kExitUsage) << r.err;
   EXPECT_NE(r.err.find("--dcp-interleave"), std::string::npos) << r.err;
+}
+
+// bench --dcp N: the long-context grid striped over N ranks (threads on the host) beside the
+// unsharded layer: every point timed on both sides, each rank holding half the KV cache.
+TEST(CliBench, DecodeContextParallelGridReportsBothSides) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "pagedattn_cli_test_bench_dcp";
+  CliResult r = cli({"bench", "--backend", "CPU", "--dcp", "2", "--min-seconds", "0", "--out", dir.string()});
+  ASSERT_EQ(r.code, kExitOk) << r.err << r.out;
+  EXPECT_NE(r.out.find("decode context parallelism, 2 ranks"), std::string::npos) << r.out;
+  std::ifstream in(dir / "cli_bench.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["dcp_points"].size(), 2u);
+  for (const auto& p : j["dcp_points"]) {
+    EXPECT_GT(p["one_rank_seconds"].get<double>(), 0.0);
+    EXPECT_GT(p["step_seconds"].get<double>(), 0.0);
+    EXPECT_GT(p["comm_seconds"].get<double>(), 0.0);
+    EXPECT_LE(p["attend_seconds"].get<double>() + p["comm_seconds"].get<double>(), p["step_seconds"].get<double>() * 1.5);
+    EXPECT_EQ(p["kv_bytes_per_rank"].get<int64_t>() * 2, p["kv_bytes_one_rank"].get<int64_t>());
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Simulation, FinishesEveryRequestFreesEveryBlockAndMatchesReference) {
