@@ -19,6 +19,9 @@ Main entry points:
     get_mla_prefill_backend(...), list_mla_prefill_backends()        MLA prefill selector
     split_decodes_and_prefills, reorder_batch_to_split_decodes_and_prefills,
     make_local_attention_virtual_batches, use_cascade_attention   batch utilities
+    Attention(..., dcp_world_size=N, dcp_rank=r), dcp_forward(...)   decode context parallelism:
+      DcpConfig, get_dcp_local_seq_lens, dcp_plan / dcp_attend / dcp_combine, DcpCommunicator,
+      make_in_memory_dcp_group, run_dcp_ranks, TorchDcpCommunicator, NcclDcpCommunicator
 
 Invalid arguments raise ``pagedattn.Error``, a ``ValueError`` whose message names the argument.
 """
@@ -67,6 +70,19 @@ from ._C import (
     use_cascade_attention,
     validate_kv_cache_dtype,
 )
+from ._C import (
+    DcpCommunicator,
+    DcpConfig,
+    DcpPlan,
+    built_with_nccl,
+    current_cuda_device,
+    dcp_local_position,
+    dcp_owner,
+    make_in_memory_dcp_group,
+    set_current_cuda_device,
+)
+from ._dcp import (TorchDcpCommunicator, dcp_attend, dcp_combine, dcp_forward, dcp_plan,
+                   get_dcp_local_seq_lens, run_dcp_ranks)
 from ._forward_context import ForwardContext
 from ._layer import Attention
 from ._metadata import CommonAttentionMetadata, make_local_attention_virtual_batches
@@ -141,4 +157,27 @@ __all__ = [
     "synchronize_cuda",
     "use_cascade_attention",
     "validate_kv_cache_dtype",
+    # decode context parallelism
+    "DcpCommunicator",
+    "DcpConfig",
+    "DcpPlan",
+    "TorchDcpCommunicator",
+    "built_with_nccl",
+    "current_cuda_device",
+    "dcp_attend",
+    "dcp_combine",
+    "dcp_forward",
+    "dcp_local_position",
+    "dcp_owner",
+    "dcp_plan",
+    "get_dcp_local_seq_lens",
+    "make_in_memory_dcp_group",
+    "run_dcp_ranks",
+    "set_current_cuda_device",
 ]
+
+if _C.built_with_nccl():  # the NCCL communicator (CUDA builds that found NCCL)
+    from ._C import NcclDcpCommunicator, nccl_unique_id, nccl_version, wrap_nccl_dcp_communicator
+
+    __all__ += ["NcclDcpCommunicator", "nccl_unique_id", "nccl_version",
+                "wrap_nccl_dcp_communicator"]

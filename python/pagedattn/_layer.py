@@ -68,6 +68,11 @@ class Attention(_C._Attention):
         fp8_output: the layer's forwards will pass ``output_scale`` (fused fp8 e4m3 output,
             ``output = attention / output_scale``): the selector takes only a backend that
             supports it (CPU, CUDA, REFERENCE); a forced backend without it raises.
+        dcp_world_size, dcp_rank, cp_kv_cache_interleave_size: the decode-context-parallel group
+            this layer runs in (vLLM's names): global token ``t`` of a request lives on rank
+            ``(t // cp_kv_cache_interleave_size) % dcp_world_size`` (the interleave must divide
+            ``block_size``). With ``dcp_world_size > 1`` run the layer's steps through
+            ``pagedattn.dcp_forward`` (``need_to_return_lse_for_decode`` is then True).
 
     Attributes:
         backend: the selected ``AttentionBackend`` (``.name``, ``.get_kv_cache_shape()``...).
@@ -113,6 +118,9 @@ class Attention(_C._Attention):
         static_forward_context: Optional[_C.StaticForwardContext] = None,
         calculate_kv_scales: bool = False,
         fp8_output: bool = False,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        cp_kv_cache_interleave_size: int = 1,
     ) -> None:
         i32 = _tensors.int32_arg
         super().__init__(
@@ -138,6 +146,9 @@ class Attention(_C._Attention):
             static_forward_context,
             bool(calculate_kv_scales),
             bool(fp8_output),
+            i32(dcp_world_size, "dcp_world_size"),
+            i32(dcp_rank, "dcp_rank"),
+            i32(cp_kv_cache_interleave_size, "cp_kv_cache_interleave_size"),
         )
 
     def allocate_kv_cache(self, num_blocks: int, framework: Optional[str] = None) -> Any:

@@ -70,6 +70,8 @@ class MLAAttention(_C._MLAAttention):
         calculate_kv_scales: measure ``k_scale`` from the first batch written into an fp8 cache,
             ``amax(|kv_c_normed|, |k_pe|) / fp8 max`` over the rows it stores (``kv_scales_pending``
             until then; see ``Attention``).
+        dcp_world_size, dcp_rank, cp_kv_cache_interleave_size: the decode-context-parallel group
+            (see ``Attention``); run its steps through ``pagedattn.dcp_forward``.
 
     Attributes:
         backend: the selected ``AttentionBackend``; prefill_backend: the prefill backend's name;
@@ -111,6 +113,9 @@ class MLAAttention(_C._MLAAttention):
         static_forward_context: Optional[_C.StaticForwardContext] = None,
         fp8_output: bool = False,
         calculate_kv_scales: bool = False,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        cp_kv_cache_interleave_size: int = 1,
     ) -> None:
         super().__init__(
             _tensors.int32_arg(num_heads, "num_heads"),
@@ -131,6 +136,9 @@ class MLAAttention(_C._MLAAttention):
             static_forward_context,
             bool(fp8_output),
             bool(calculate_kv_scales),
+            _tensors.int32_arg(dcp_world_size, "dcp_world_size"),
+            _tensors.int32_arg(dcp_rank, "dcp_rank"),
+            _tensors.int32_arg(cp_kv_cache_interleave_size, "cp_kv_cache_interleave_size"),
         )
         self._kv_b_proj = None
         if kv_b_proj is not None:

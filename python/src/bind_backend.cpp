@@ -58,6 +58,18 @@ struct PyBuilder {
   Device device = Device::cpu;
 };
 
+}  // namespace
+
+AttentionMetadataBuilder& builder_arg(nb::handle builder) {
+  PyBuilder* b = nullptr;
+  PAGEDATTN_CHECK(nb::try_cast(builder, b) && b != nullptr && b->builder != nullptr, "builder", "builder is a ",
+                  nb::type_name(builder.type()).c_str(),
+                  ": expected an AttentionMetadataBuilder (backend.make_builder / layer.metadata_builder())");
+  return *b->builder;
+}
+
+namespace {
+
 nb::object reorder_result(const std::optional<BatchReorder>& r) {
   if (!r) return nb::none();
   nb::list order;

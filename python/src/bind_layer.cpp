@@ -124,7 +124,8 @@ void bind_layer(nb::module_& m) {
              std::optional<std::string> kv_sharing_target_layer_name, const std::string& prefix,
              nb::handle dtype, nb::handle device, std::optional<std::string> backend,
              std::optional<int> head_size_v, std::optional<int> attention_chunk_size,
-             StaticForwardContext* static_forward_context, bool calculate_kv_scales, bool fp8_output) {
+             StaticForwardContext* static_forward_context, bool calculate_kv_scales, bool fp8_output,
+             int dcp_world_size, int dcp_rank, int cp_kv_cache_interleave_size) {
             AttentionLayerParams p;
             p.num_heads = num_heads;
             p.head_size = head_size;
@@ -146,14 +147,20 @@ void bind_layer(nb::module_& m) {
             p.attention_chunk_size = attention_chunk_size;
             p.calculate_kv_scales = calculate_kv_scales;
             p.fp8_output = fp8_output;
-            new (self) Attention(std::move(p), static_forward_context);
+            p.dcp = DcpConfig{dcp_world_size, dcp_rank, cp_kv_cache_interleave_size};
+            try {
+              new (self) Attention(std::move(p), static_forward_context);
+            } catch (const Error& e) {
+              rethrow_with_dcp_keyword_names(e);
+            }
           },
           "num_heads"_a, "head_size"_a, "scale"_a.none(), "num_kv_heads"_a.none(),
           "alibi_slopes"_a.none(), "sliding_window"_a.none(), "logits_soft_cap"_a.none(),
           "attn_type"_a, "kv_cache_dtype"_a, "block_size"_a, "sinks"_a.none(),
           "kv_sharing_target_layer_name"_a.none(), "prefix"_a, "dtype"_a, "device"_a,
           "backend"_a.none(), "head_size_v"_a.none(), "attention_chunk_size"_a.none(),
-          "static_forward_context"_a.none(), "calculate_kv_scales"_a, "fp8_output"_a)
+          "static_forward_context"_a.none(), "calculate_kv_scales"_a, "fp8_output"_a,
+          "dcp_world_size"_a = 1, "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1)
       .def_prop_ro("backend", [](const Attention& a) { return PyBackend{&a.backend()}; },
                    "The AttentionBackend this layer runs on.")
       .def_prop_ro("kv_cache_spec", &Attention::kv_cache_spec,
@@ -225,6 +232,19 @@ void bind_layer(nb::module_& m) {
           [](Attention& a) { return a.impl().supports_quant_query_input(); },
           "Whether forward accepts an fp8_e4m3 query quantized with q_scale (an fp8 cache on "
           "CUDA or REFERENCE; vLLM's impl.supports_quant_query_input()).")
+      .def_prop_ro(
+          "can_return_lse_for_decode", [](Attention& a) { return a.impl().can_return_lse_for_decode(); },
+          "Whether the impl can return the LSE of its decode rows (vLLM's impl.can_return_lse_for_decode).")
+      .def_prop_ro(
+          "need_to_return_lse_for_decode",
+          [](Attention& a) { return a.impl().need_to_return_lse_for_decode(); },
+          "dcp_world_size > 1 and can_return_lse_for_decode: the ranks' decode LSEs are merged "
+          "(vLLM's impl.need_to_return_lse_for_decode).")
+      .def_prop_ro("dcp", [](const Attention& a) { return a.params().dcp; },
+                   "The layer's decode-context-parallel group (DcpConfig).")
+      .def_prop_ro("dcp_world_size", [](const Attention& a) { return a.params().dcp.world_size; })
+      .def_prop_ro("dcp_rank", [](const Attention& a) { return a.params().dcp.rank; })
+      .def_prop_ro("cp_kv_cache_interleave_size", [](const Attention& a) { return a.params().dcp.interleave; })
       .def_prop_rw(
           "k_scale", [](const Attention& a) { return a.scales().k_scale; },
           [](Attention& a, float s) { a.scales().k_scale = s; },

@@ -304,7 +304,8 @@ void bind_mla(nb::module_& m) {
              std::optional<std::string> kv_sharing_target_layer_name, const std::string& prefix,
              nb::handle dtype, nb::handle device, std::optional<std::string> backend,
              std::optional<std::string> prefill_backend,
-             StaticForwardContext* static_forward_context, bool fp8_output, bool calculate_kv_scales) {
+             StaticForwardContext* static_forward_context, bool fp8_output, bool calculate_kv_scales,
+             int dcp_world_size, int dcp_rank, int cp_kv_cache_interleave_size) {
             MLAAttentionLayerParams p;
             p.num_heads = num_heads;
             p.scale = scale;  // None = qk_head_dim ** -0.5; 0 is an Error (MLAAttention)
@@ -324,13 +325,19 @@ void bind_mla(nb::module_& m) {
             p.prefill_backend = prefill_backend.value_or("");
             p.fp8_output = fp8_output;
             p.calculate_kv_scales = calculate_kv_scales;
-            new (self) MLAAttention(std::move(p), static_forward_context);
+            p.dcp = DcpConfig{dcp_world_size, dcp_rank, cp_kv_cache_interleave_size};
+            try {
+              new (self) MLAAttention(std::move(p), static_forward_context);
+            } catch (const Error& e) {
+              rethrow_with_dcp_keyword_names(e);
+            }
           },
           "num_heads"_a, "scale"_a.none(), "qk_nope_head_dim"_a, "qk_rope_head_dim"_a,
           "v_head_dim"_a, "q_lora_rank"_a.none(), "kv_lora_rank"_a, "kv_cache_dtype"_a,
           "block_size"_a, "kv_sharing_target_layer_name"_a.none(), "prefix"_a, "dtype"_a,
           "device"_a, "backend"_a.none(), "prefill_backend"_a.none(),
-          "static_forward_context"_a.none(), "fp8_output"_a = false, "calculate_kv_scales"_a = false)
+          "static_forward_context"_a.none(), "fp8_output"_a = false, "calculate_kv_scales"_a = false,
+          "dcp_world_size"_a = 1, "dcp_rank"_a = 0, "cp_kv_cache_interleave_size"_a = 1)
       .def_prop_ro("backend", [](const MLAAttention& a) { return PyBackend{&a.backend()}; },
                    "The MLA AttentionBackend this layer runs on.")
       .def_prop_ro(
@@ -403,6 +410,19 @@ void bind_mla(nb::module_& m) {
           "fp8 * k_scale.")
       .def_prop_ro("kv_scales_pending", &MLAAttention::kv_scales_pending,
                    "calculate_kv_scales: whether k_scale still waits for its measurement.")
+      .def_prop_ro(
+          "can_return_lse_for_decode", [](MLAAttention& a) { return a.impl().can_return_lse_for_decode(); },
+          "Whether the impl can return the LSE of its decode rows (vLLM's impl.can_return_lse_for_decode).")
+      .def_prop_ro(
+          "need_to_return_lse_for_decode",
+          [](MLAAttention& a) { return a.impl().need_to_return_lse_for_decode(); },
+          "dcp_world_size > 1 and can_return_lse_for_decode: the ranks' decode LSEs are merged "
+          "(vLLM's impl.need_to_return_lse_for_decode).")
+      .def_prop_ro("dcp", [](const MLAAttention& a) { return a.params().dcp; },
+                   "The layer's decode-context-parallel group (DcpConfig).")
+      .def_prop_ro("dcp_world_size", [](const MLAAttention& a) { return a.params().dcp.world_size; })
+      .def_prop_ro("dcp_rank", [](const MLAAttention& a) { return a.params().dcp.rank; })
+      .def_prop_ro("cp_kv_cache_interleave_size", [](const MLAAttention& a) { return a.params().dcp.interleave; })
       .def_prop_ro("num_heads", [](const MLAAttention& a) { return a.params().num_heads; })
       .def_prop_ro("scale", [](const MLAAttention& a) { return *a.params().scale; })
       .def_prop_ro("qk_nope_head_dim", [](const MLAAttention& a) { return a.params().qk_nope_head_dim; })

@@ -18,6 +18,13 @@ void bind_metadata(nb::module_& m);  // CommonAttentionMetadata and the batch ut
 void bind_layer(nb::module_& m);     // Attention
 void bind_ops(nb::module_& m);       // reshape_and_cache(_flash), merge_attn_states
 void bind_mla(nb::module_& m);       // MLAAttention, MLA ops, spec and prefill selector
+void bind_dcp(nb::module_& m);       // decode context parallelism: layout, communicators, the step
+
+// Called in a catch of `e`: throws an Error of a layer's DcpConfig with the Python keywords
+// (dcp.world_size -> dcp_world_size, dcp.rank -> dcp_rank, dcp.interleave ->
+// cp_kv_cache_interleave_size, in the argument and the message); rethrows any other Error as it is
+// (bind_dcp.cpp).
+[[noreturn]] void rethrow_with_dcp_keyword_names(const Error& e);
 
 // CommonAttentionMetadata built from host arrays, materialized once per device it is used on
 // (the CPU copy at construction, validated; a CUDA copy the first time a CUDA builder needs it).
@@ -58,6 +65,9 @@ struct PyMLAAttentionMetadata : PyAttentionMetadata {
 
 // A plan as a Python object: MLAAttentionMetadata for an MLA plan, else AttentionMetadata.
 nb::object wrap_metadata(std::shared_ptr<const AttentionMetadata> metadata, Device device);
+// The C++ builder of a Python AttentionMetadataBuilder (bind_backend.cpp); Error naming "builder"
+// for anything else.
+AttentionMetadataBuilder& builder_arg(nb::handle builder);
 
 // A metadata builder of `backend` as a Python AttentionMetadataBuilder (bind_backend.cpp).
 nb::object make_builder_object(const AttentionBackend& backend, const KVCacheSpec& spec,

@@ -44,4 +44,5 @@ NB_MODULE(_C, m) {
   pagedattn::python::bind_layer(m);
   pagedattn::python::bind_ops(m);
   pagedattn::python::bind_mla(m);
+  pagedattn::python::bind_dcp(m);  // after bind_backend: reads its AttentionMetadataBuilder type
 }
