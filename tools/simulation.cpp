@@ -140,6 +140,10 @@ struct Simulation::State {
   Tensor pool_host, pool_device;
   int64_t pool_slack = 0;
   Tensor output, ref_output;  // flat; viewed as (T, Hq, Dv)
+  // --dcp on CUDA: ranks 1 .. N - 1's copies of the pool and their outputs, on their GPUs (a step
+  // copies nothing across GPUs: a peer copy on the legacy stream would wait for the other GPU's
+  // queue, where the all-gather waits for this rank).
+  std::vector<Tensor> rank_pools, rank_outputs;
   std::mt19937_64 rng;
   int64_t kv_cache_bytes = 0;
   int64_t kv_cache_bytes_per_rank = 0;
@@ -477,6 +481,11 @@ Simulation::Simulation(RunOptions options) : state_(std::make_unique<State>()) {
   fill_normal(s.pool_host, o.seed ^ 0xACCE55u);
   if (o.device != Device::cpu) s.pool_device = s.pool_host.to(o.device);
   s.output = Tensor(Shape{max_tokens * out_per_token}, o.dtype, o.device);
+  for (int r = 1; r < o.dcp_world_size; ++r) {
+    const auto scope = on_rank(r);
+    if (o.device == Device::cuda) s.rank_pools.push_back(s.pool_host.to(o.device));
+    s.rank_outputs.emplace_back(s.output.shape(), o.dtype, o.device);
+  }
   s.output.fill_bytes(0xFF);
   if (s.check) s.ref_output = Tensor(Shape{max_tokens * out_per_token}, o.dtype, Device::cpu);
 }
@@ -596,23 +605,24 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
                             forward);
   };
   // --dcp: the layer's step on every rank (one thread each); rank 0 writes `out`. On CUDA, rank r
-  // (GPU r) reads a copy of the step's inputs on its GPU and writes its own output there.
+  // (GPU r) reads the same views of its own copy of the pool and writes its own output there.
   auto dcp_step = [&](LayerState& l, std::initializer_list<TensorView> inputs, const TensorView& out) {
     const TensorView in[3] = {inputs.begin()[0], inputs.begin()[1], inputs.begin()[2]};
     GroupState& g = groups[static_cast<size_t>(l.group)];
     dcp_ranks->run([&](int r) {
-      std::vector<Tensor> local;  // rank r >= 1: its output (and on CUDA its inputs, on its GPU)
-      local.reserve(4);
+      // Rank r >= 1: the same views into its copy of the pool (CUDA), its own output.
       TensorView x[3] = {in[0], in[1], in[2]}, o_r = out;
       if (r > 0) {
-        for (TensorView& v : x) {
-          if (o.device != Device::cuda) break;
-          local.emplace_back(v.shape(), v.dtype(), v.device());
-          local.back().copy_from(v);
-          v = local.back().view();
+        const auto rank = static_cast<size_t>(r - 1);
+        if (o.device == Device::cuda) {
+          for (TensorView& v : x) {
+            const auto offset = static_cast<const char*>(v.data()) - static_cast<const char*>(pool_device.data());
+            v = TensorView(static_cast<char*>(rank_pools[rank].data()) + offset, v.dtype(), v.shape(), v.strides(),
+                           v.device(), rank_pools[rank].view().device_index());
+          }
         }
-        local.emplace_back(out.shape(), out.dtype(), out.device());
-        o_r = local.back().view();
+        o_r = TensorView(rank_outputs[rank].data(), out.dtype(), out.shape(), out.strides(), out.device(),
+                         rank_outputs[rank].view().device_index());
       }
       AttentionMetadataBuilder& b = r == 0 ? *g.builder : *g.rank_builders[static_cast<size_t>(r - 1)];
       const TensorView cache = r == 0 ? l.cache.view() : l.rank_caches[static_cast<size_t>(r - 1)].view();
