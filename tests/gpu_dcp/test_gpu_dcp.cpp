@@ -4,8 +4,8 @@
 // step. Checked on every rank: no output element left unwritten, the result within DESIGN.md's
 // bf16 tolerance (8e-3) of the unsharded layer run on the same GPU, the LSE within 1e-3 of its;
 // and every rank's output has the same bits. Standard layers (CUDA) at interleave 1 and 16, MLA
-// layers (CUDA_MLA, DeepSeek-V3 dims), and a planned decode step captured in a CUDA graph
-// (attention, NCCL all-gather, merge) that replays to the eager step's bits. Skipped without two GPUs.
+// layers (CUDA_MLA, DeepSeek-V3 dims), and planned decode steps of both captured in a CUDA graph
+// (attention, NCCL all-gather, merge) that replay to the eager step's bits. Skipped without two GPUs.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -194,6 +194,47 @@ TEST(DcpNccl, StandardLayerMatchesOneGpu) {
   }
 }
 
+// The planned step `forward` (it reads q, writes out) captured once on a new stream, then twice:
+// new queries into q, the graph replayed, the same step run eagerly. The replay must give the eager
+// bits, and new queries must change them; the last output is left in bits at this rank's slot.
+void check_graph_replay(int rank, Tensor& q, Tensor& out, const std::function<void()>& forward,
+                        SharedBytes& bits) {
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  set_current_cuda_stream(stream);
+  forward();  // eager first: lazy library state (cuBLAS workspaces, kernel attributes) before capture
+  synchronize_cuda();
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  forward();
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  Tensor first;
+  for (uint64_t seed : {90, 100}) {
+    q.copy_from(random_device(q.shape(), seed));
+    out.fill_bytes(0xFF);
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const Tensor replayed = out.to(Device::cpu);
+    forward();
+    synchronize_cuda();
+    const Tensor eager = out.to(Device::cpu);
+    EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), eager.nbytes()), 0) << "rank " << rank << " seed " << seed;
+    if (seed == 90) {
+      first = eager.to(Device::cpu);
+    } else {
+      EXPECT_NE(std::memcmp(first.data(), eager.data(), eager.nbytes()), 0) << "new queries, same output";
+      ASSERT_LE(static_cast<size_t>(rank + 1) * eager.nbytes(), bits.size());
+      std::memcpy(bits.as<uint8_t>() + static_cast<size_t>(rank) * eager.nbytes(), eager.data(), eager.nbytes());
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  set_current_cuda_stream(nullptr);
+  cudaStreamDestroy(stream);
+}
+
 // A planned decode step captured once (local attention, NCCL all-gather, merge) and replayed with
 // new queries gives the bits of the same step run eagerly.
 TEST(DcpNccl, PlannedDecodeStepReplaysInACudaGraph) {
@@ -218,42 +259,11 @@ TEST(DcpNccl, PlannedDecodeStepReplaysInACudaGraph) {
     Tensor fill_out(Shape{fill.q.shape()[0], kHeads, kHead}, DType::bf16, Device::cuda);
     dcp_forward(layer, *builder, comm, config, global_step(reqs, 2, true, kBlock, &blocks), fill.q, fill.k, fill.v, cache,
                 fill_out);
-
-    cudaStream_t stream = nullptr;
-    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    set_current_cuda_stream(stream);
     const std::unique_ptr<DcpPlan> plan = dcp_plan(layer, *builder, config, global_step(reqs, 2, false, kBlock, &blocks));
     EXPECT_EQ(plan->identity, rank == 0) << "rank 1 holds no key of the 1-token request";
     StdInputs in = standard_inputs(tokens, 80);
     Tensor out(Shape{tokens, kHeads, kHead}, DType::bf16, Device::cuda), lse(Shape{kHeads, tokens}, DType::f32, Device::cuda);
-    cudaGraph_t graph = nullptr;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    dcp_forward(layer, *plan, comm, in.q, in.k, in.v, cache, out, lse);
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    Tensor first;
-    for (uint64_t seed : {90, 100}) {
-      in.q.copy_from(random_device(Shape{tokens, kHeads, kHead}, seed));
-      out.fill_bytes(0xFF);
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      const Tensor replayed = out.to(Device::cpu);
-      dcp_forward(layer, *plan, comm, in.q, in.k, in.v, cache, out, lse);
-      synchronize_cuda();
-      const Tensor eager = out.to(Device::cpu);
-      EXPECT_EQ(std::memcmp(replayed.data(), eager.data(), eager.nbytes()), 0) << "rank " << rank << " seed " << seed;
-      if (seed == 90) {
-        first = eager.to(Device::cpu);
-      } else {
-        EXPECT_NE(std::memcmp(first.data(), eager.data(), eager.nbytes()), 0) << "new queries, same output";
-        std::memcpy(bits.as<uint8_t>() + static_cast<size_t>(rank) * bytes, eager.data(), bytes);
-      }
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    set_current_cuda_stream(nullptr);
-    cudaStreamDestroy(stream);
+    check_graph_replay(rank, in.q, out, [&] { dcp_forward(layer, *plan, comm, in.q, in.k, in.v, cache, out, lse); }, bits);
   }));
   expect_same_bits(bits, 2, bytes);
 }
@@ -350,6 +360,37 @@ TEST(DcpNccl, MlaLayerMatchesOneGpu) {
       expect_same_bits(bits, 2, bytes);
     }
   }
+}
+
+// The same for an MLA layer's absorbed decode (W_UK and W_UV through cuBLAS, the latent decode
+// kernel, the all-gather and merge): the planned step replays in a CUDA graph to the eager bits.
+TEST(DcpNccl, PlannedMlaDecodeStepReplaysInACudaGraph) {
+  REQUIRE_GPUS(2);
+  const std::vector<Req> reqs = {{1200, 1}, {477, 1}, {3, 1}, {2100, 1}, {900, 1}, {0, 1}};
+  const int64_t tokens = step_tokens(reqs, false);
+  const size_t bytes = static_cast<size_t>(tokens) * kMlaHeads * kV * 2;
+  SharedBytes bits(2 * bytes);
+  expect_ranks_passed(run_ranks(2, [&](int rank, DcpCommunicator& comm) {
+    MLAAttentionLayerParams p = mla_params();
+    const DcpConfig config{2, rank, 1};
+    p.dcp = config;
+    MLAAttention layer(p);
+    layer.process_weights_after_loading(random_device(Shape{int64_t{kMlaHeads} * (kNope + kV), kL}, 700, -0.08f, 0.08f));
+    int blocks = 0;
+    (void)global_step(reqs, 2, false, kMlaBlock, &blocks);
+    Tensor cache = layer.allocate_kv_cache(blocks);
+    cache.fill_bytes(0xFF);
+    auto builder = layer.backend().make_builder(layer.kv_cache_spec(), layer.builder_config(8192, 8192, 8192), Device::cuda);
+    const MlaInputs fill = mla_inputs(step_tokens(reqs, true), 500);
+    Tensor fill_out(Shape{fill.q.shape()[0], kMlaHeads, kV}, DType::bf16, Device::cuda);
+    dcp_forward(layer, *builder, comm, config, global_step(reqs, 2, true, kMlaBlock, &blocks), fill.q, fill.c, fill.k,
+                cache, fill_out);
+    const std::unique_ptr<DcpPlan> plan = dcp_plan(layer, *builder, config, global_step(reqs, 2, false, kMlaBlock, &blocks));
+    MlaInputs in = mla_inputs(tokens, 600);
+    Tensor out(Shape{tokens, kMlaHeads, kV}, DType::bf16, Device::cuda), lse(Shape{kMlaHeads, tokens}, DType::f32, Device::cuda);
+    check_graph_replay(rank, in.q, out, [&] { dcp_forward(layer, *plan, comm, in.q, in.c, in.k, cache, out, lse); }, bits);
+  }));
+  expect_same_bits(bits, 2, bytes);
 }
 
 // Wrong-device use is an Error naming the argument, before any collective: a host communicator
