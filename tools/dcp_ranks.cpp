@@ -38,10 +38,13 @@ DcpRanks::DcpRanks(int world_size, Device device) : device_(device) {
 }
 
 void DcpRanks::run(const std::function<void(int)>& body) const {
-  run_dcp_ranks(size(), [&](int r) {
-    if (device_ == Device::cuda) set_current_cuda_device(r);
-    body(r);
-  });
+  run_dcp_ranks(
+      size(),
+      [&](int r) {
+        if (device_ == Device::cuda) set_current_cuda_device(r);
+        body(r);
+      },
+      comms_);
 }
 
 DcpRanks::OnRank::OnRank(const DcpRanks& ranks, int rank) {

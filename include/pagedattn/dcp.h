@@ -76,6 +76,12 @@ class DcpCommunicator {
   virtual int rank() const = 0;
   virtual Device device() const { return Device::cpu; }
   virtual void all_gather(const TensorView& send, const TensorView& recv) = 0;
+  // A rank failed: wake every rank blocked in (or later entering) a collective of this group with
+  // an Error naming "comm", instead of letting it wait for the failed rank for ever. The in-memory
+  // group's barrier throws; an NCCL communicator made by make_nccl_dcp_communicator is aborted
+  // (ncclCommAbort), a wrapped one only refuses further calls (its owner aborts or frees it).
+  // Called by run_dcp_ranks on every communicator of the group it is given.
+  virtual void abort() {}
 };
 
 // Whether this build has the NCCL communicator (pagedattn/dcp_nccl.h).
@@ -85,8 +91,11 @@ bool built_with_nccl();
 // emulation CI runs DCP on.
 std::vector<std::unique_ptr<DcpCommunicator>> make_in_memory_dcp_group(int world_size);
 // Runs body(rank) for rank 0 .. world_size - 1, one thread each (the ranks of an in-memory group
-// block in all_gather until all have arrived), joins them, and rethrows the lowest rank's exception.
-void run_dcp_ranks(int world_size, const std::function<void(int)>& body);
+// block in all_gather until all have arrived), joins them, and rethrows the exception of the rank
+// that failed first. group: the ranks' communicators (rank order, or empty): when a rank throws,
+// every one is aborted, so the others leave their collectives instead of waiting for it.
+void run_dcp_ranks(int world_size, const std::function<void(int)>& body,
+                   std::span<const std::unique_ptr<DcpCommunicator>> group = {});
 
 // One rank's combine: all-gathers (local_out (T, H, Dv), local_lse (H, T) f32) and merges them
 // into out (T, H, Dv) and, when given, lse (H, T). Host tensors (the step's own path below packs

@@ -46,9 +46,11 @@ struct InMemoryGroupState {
   std::condition_variable cv;
   int arrived = 0;
   uint64_t generation = 0;
+  bool aborted = false;
 
   void barrier() {
     std::unique_lock lock(mu);
+    check_not_aborted();
     const uint64_t gen = generation;
     if (++arrived == world) {
       arrived = 0;
@@ -56,7 +58,17 @@ struct InMemoryGroupState {
       cv.notify_all();
       return;
     }
-    cv.wait(lock, [&] { return generation != gen; });
+    cv.wait(lock, [&] { return generation != gen || aborted; });
+    if (generation == gen) check_not_aborted();
+  }
+  void abort() {
+    std::lock_guard lock(mu);
+    aborted = true;
+    cv.notify_all();
+  }
+  void check_not_aborted() const {
+    PAGEDATTN_CHECK(!aborted, "comm", "DCP all_gather: another rank of the in-memory group failed (the group was "
+                    "aborted)");
   }
 };
 
@@ -65,6 +77,8 @@ class InMemoryCommunicator final : public DcpCommunicator {
   InMemoryCommunicator(std::shared_ptr<InMemoryGroupState> state, int rank) : state_(std::move(state)), rank_(rank) {}
   int world_size() const override { return state_->world; }
   int rank() const override { return rank_; }
+
+  void abort() override { state_->abort(); }
 
   void all_gather(const TensorView& send, const TensorView& recv) override {
     constexpr const char* kWho = "DCP all_gather";
@@ -164,9 +178,12 @@ std::vector<std::unique_ptr<DcpCommunicator>> make_in_memory_dcp_group(int world
   return group;
 }
 
-void run_dcp_ranks(int world_size, const std::function<void(int)>& body) {
+void run_dcp_ranks(int world_size, const std::function<void(int)>& body,
+                   std::span<const std::unique_ptr<DcpCommunicator>> group) {
   PAGEDATTN_CHECK(world_size >= 1, "world_size", "run_dcp_ranks: world_size = ", world_size, " must be >= 1");
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world_size));
+  std::mutex mu;
+  int first = -1;  // the rank that failed first (the others may fail because it did)
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
@@ -174,13 +191,24 @@ void run_dcp_ranks(int world_size, const std::function<void(int)>& body) {
         body(r);
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();
+        bool abort_group = false;
+        {
+          std::lock_guard lock(mu);
+          if (first < 0) {
+            first = r;
+            abort_group = true;
+          }
+        }
+        if (abort_group) {
+          for (const auto& comm : group) {
+            if (comm) comm->abort();
+          }
+        }
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  if (first >= 0) std::rethrow_exception(errors[static_cast<size_t>(first)]);
 }
 
 void dcp_combine(DcpCommunicator& comm, const TensorView& local_out, const TensorView& local_lse,

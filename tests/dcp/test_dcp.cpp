@@ -323,6 +323,38 @@ TEST(DcpEmulation, MlaLayerMatchesTheUnshardedRun) {
   }
 }
 
+// A rank that fails before its collective aborts the group: the others leave their all-gather with
+// an Error instead of waiting for it, and run_dcp_ranks rethrows the first failure (not the aborts
+// it caused). A group that was not given waits as before (not run: it would hang).
+TEST(DcpEmulation, AFailingRankAbortsTheGroupInsteadOfHangingIt) {
+  for (int failing : {0, 2}) {
+    const auto group = make_in_memory_dcp_group(3);
+    std::vector<int> aborted(3, 0);
+    try {
+      run_dcp_ranks(
+          3,
+          [&](int r) {
+            if (r == failing) throw Error("query", "rank " + std::to_string(r) + " was given a bad query");
+            Tensor send(Shape{2}, DType::f32, Device::cpu), recv(Shape{3, 2}, DType::f32, Device::cpu);
+            send.fill_bytes(0);
+            try {
+              group[static_cast<size_t>(r)]->all_gather(send, recv);
+            } catch (const Error& e) {
+              EXPECT_EQ(e.argument(), "comm") << e.what();
+              aborted[static_cast<size_t>(r)] = 1;
+              throw;
+            }
+          },
+          group);
+      ADD_FAILURE() << "a failing rank's error was not rethrown";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "query") << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(failing)), std::string::npos) << e.what();
+    }
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(aborted[static_cast<size_t>(r)], r == failing ? 0 : 1) << "rank " << r;
+  }
+}
+
 // What DCP cannot compute is an Error naming the argument: a layer with ALiBi (positions), a config
 // that does not match the communicator.
 TEST(DcpEmulation, UnsupportedLayersAndMismatchedConfigsAreErrors) {

@@ -3,7 +3,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "pagedattn/dcp_nccl.h"
@@ -30,7 +32,7 @@ class NcclCommunicator final : public DcpCommunicator {
     check_nccl(ncclCommCuDevice(comm_, &device_), comm_, "ncclCommCuDevice");
   }
   ~NcclCommunicator() override {
-    if (owned_) (void)ncclCommDestroy(comm_);
+    if (owned_ && comm_ != nullptr) (void)ncclCommDestroy(comm_);
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -39,8 +41,21 @@ class NcclCommunicator final : public DcpCommunicator {
   int rank() const override { return rank_; }
   Device device() const override { return Device::cuda; }
 
+  // An owned communicator: ncclCommAbort (its pending collectives return, and it is freed). A
+  // wrapped one is its owner's to abort or free: it is only refused from now on.
+  void abort() override {
+    std::lock_guard lock(abort_mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    if (owned_) {
+      (void)ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+  }
+
   void all_gather(const TensorView& send, const TensorView& recv) override {
     constexpr const char* kWho = "DCP all_gather (NCCL)";
+    PAGEDATTN_CHECK(!aborted_, "comm", kWho, ": the communicator was aborted (a rank of the group failed)");
     for (const auto& [t, name] : {std::pair{&send, "send"}, std::pair{&recv, "recv"}}) {
       PAGEDATTN_CHECK(t->defined() && t->device() == Device::cuda && t->device_index() == device_ && t->is_contiguous(),
                       name, kWho, ": ", name, " is ", t->describe(), ", expected a contiguous tensor on cuda:", device_,
@@ -60,6 +75,8 @@ class NcclCommunicator final : public DcpCommunicator {
  private:
   ncclComm_t comm_;
   bool owned_;
+  std::mutex abort_mu_;
+  std::atomic<bool> aborted_{false};
   int world_ = 0, rank_ = 0, device_ = 0;
 };
 
