@@ -65,26 +65,36 @@ def get_dcp_local_seq_lens(
 
 
 def run_dcp_ranks(world_size: int, body: Callable[[int], Any],
-                  timeout: Optional[float] = None) -> list[Any]:
+                  timeout: Optional[float] = None, group: Optional[list] = None) -> list[Any]:
     """Runs ``body(rank)`` for rank 0 .. world_size - 1, one thread each, and returns their
-    results in rank order; re-raises the lowest rank's exception (as the C++ run_dcp_ranks).
+    results in rank order; re-raises the exception of the rank that failed first (as the C++
+    run_dcp_ranks).
 
     The ranks of an in-memory group (``make_in_memory_dcp_group``) block in their all-gather until
-    every rank has arrived: a rank that fails before a collective leaves the others waiting
-    there. timeout (seconds): raise TimeoutError (chained to the first rank's exception, if any)
-    instead of waiting for ever; the waiting threads are daemons.
+    every rank has arrived. group: the ranks' communicators: when a rank raises, each is aborted
+    (``DcpCommunicator.abort``), so the others leave their collectives with an error instead of
+    waiting for it. timeout (seconds): raise TimeoutError (chained to the first rank's exception,
+    if any) instead of waiting for ever; the waiting threads are daemons.
     """
     n = _tensors.int32_arg(world_size, "world_size")
     if n < 1:
         raise _tensors.error("world_size", f"world_size = {n}: expected >= 1")
     results: list[Any] = [None] * n
     errors: list[Optional[BaseException]] = [None] * n
+    failed: list[int] = []  # ranks in the order they failed
+    lock = threading.Lock()
 
     def run(rank: int) -> None:
         try:
             results[rank] = body(rank)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors[rank] = exc
+            with lock:
+                failed.append(rank)
+                first = len(failed) == 1
+            if first and group is not None:
+                for comm in group:
+                    comm.abort()
 
     threads = [threading.Thread(target=run, args=(r,), name=f"dcp-rank-{r}", daemon=True)
                for r in range(n)]
@@ -94,13 +104,12 @@ def run_dcp_ranks(world_size: int, body: Callable[[int], Any],
     for rank, t in enumerate(threads):
         t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if t.is_alive():
-            first = next((e for e in errors if e is not None), None)
+            first_error = errors[failed[0]] if failed else None
             raise TimeoutError(f"DCP rank {rank} of {n} did not finish within {timeout} s (a rank "
                                "that fails before a collective leaves the others waiting in "
-                               "it)") from first
-    for exc in errors:
-        if exc is not None:
-            raise exc
+                               "it unless run_dcp_ranks is given the group)") from first_error
+    if failed:
+        raise errors[failed[0]]
     return results
 
 

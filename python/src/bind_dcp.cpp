@@ -205,6 +205,11 @@ class PyDcpCommunicator : public DcpCommunicator {
     nb::detail::ticket ticket(nb_trampoline, "all_gather", nb::detail::str_hash("all_gather"), true);
     nb_trampoline.base().attr(ticket.key)(s, r);
   }
+  void abort() override {
+    nb::gil_scoped_acquire gil;
+    nb::detail::ticket ticket(nb_trampoline, "abort", nb::detail::str_hash("abort"), false);
+    if (ticket.key.is_valid()) nb_trampoline.base().attr(ticket.key)();
+  }
 
  private:
   // A pure method returning an int (Error naming "comm" when the override returns something else).
@@ -228,6 +233,7 @@ class NcclDcpCommunicator final : public DcpCommunicator {
   int rank() const override { return inner_->rank(); }
   Device device() const override { return inner_->device(); }
   void all_gather(const TensorView& send, const TensorView& recv) override { inner_->all_gather(send, recv); }
+  void abort() override { inner_->abort(); }
 
  private:
   std::unique_ptr<DcpCommunicator> inner_;
@@ -356,6 +362,16 @@ void bind_dcp(nb::module_& m) {
           "send"_a, "recv"_a,
           "Gathers every rank's `send` into `recv` (world_size, *send.shape), in rank order (blocks "
           "until every rank has called it; the GIL is released meanwhile).")
+      .def(
+          "abort",
+          [](DcpCommunicator& c) {
+            nb::gil_scoped_release release;
+            c.abort();
+          },
+          "A rank failed: wake every rank blocked in (or later entering) a collective of the group with "
+          "an Error naming comm instead of waiting for ever (in-memory group: its barrier; NCCL: "
+          "ncclCommAbort of a communicator it made). run_dcp_ranks(..., group=) calls it. A Python "
+          "subclass may override it (default: nothing).")
       .def("__repr__", [](const DcpCommunicator& c) {
         return detail::concat("<pagedattn.DcpCommunicator rank ", c.rank(), " of ", c.world_size(), " on ",
                               device_name(c.device()), ">");

@@ -722,3 +722,24 @@ def test_two_gpus_over_nccl(communicator, tmp_path, rng, monkeypatch):
     assert set(ranks[0].files) == set(ranks[1].files) and len(ranks[0].files) == 5
     for name in ranks[0].files:
         assert np.array_equal(ranks[0][name], ranks[1][name]), f"{name}: the ranks combined other bits"
+
+
+def test_a_failing_rank_aborts_the_group():
+    """A rank that raises before its all-gather aborts the group given to run_dcp_ranks: the
+    others leave the collective with an Error naming comm, and the first failure is re-raised."""
+    group = pagedattn.make_in_memory_dcp_group(3)
+    seen = [None] * 3
+
+    def body(rank):
+        if rank == 1:
+            raise ValueError("rank 1 failed first")
+        send, recv = np.ones(4, np.float32), np.zeros((3, 4), np.float32)
+        try:
+            group[rank].all_gather(send, recv)
+        except pagedattn.Error as e:
+            seen[rank] = e.argument
+            raise
+
+    with pytest.raises(ValueError, match="rank 1 failed first"):
+        pagedattn.run_dcp_ranks(3, body, timeout=60, group=group)
+    assert seen == ["comm", None, "comm"]
