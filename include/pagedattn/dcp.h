@@ -97,12 +97,6 @@ std::vector<std::unique_ptr<DcpCommunicator>> make_in_memory_dcp_group(int world
 void run_dcp_ranks(int world_size, const std::function<void(int)>& body,
                    std::span<const std::unique_ptr<DcpCommunicator>> group = {});
 
-// One rank's combine: all-gathers (local_out (T, H, Dv), local_lse (H, T) f32) and merges them
-// into out (T, H, Dv) and, when given, lse (H, T). Host tensors (the step's own path below packs
-// both into one buffer and runs on either device).
-void dcp_combine(DcpCommunicator& comm, const TensorView& local_out, const TensorView& local_lse,
-                 const TensorView& out, const TensorView& lse = {});
-
 // A rank's share of one step of one layer, planned on the host (dcp_plan): the local step, the
 // builder's plan of it, and every buffer the step fills, on the layer's device:
 //   - when the local rows are the global rows in order (a decode step whose every request has a
@@ -126,7 +120,7 @@ struct DcpPlan {
   Device device = Device::cpu;
   OwnedCommonAttentionMetadata metadata;         // the local step, on `device` (when it has rows)
   std::shared_ptr<const AttentionMetadata> attention;  // the builder's plan of it (null: no local rows)
-  Tensor rows, inverse;                          // i32 (n): local -> global row; (T): global -> local or -1
+  Tensor rows, inverse;                          // device plans: i32 (n) local -> global row, (T) global -> local or -1
   Tensor inputs[3];                              // the local rows of the layer's three inputs
   Tensor local_out, local_lse;                   // (n, H, Dv), (H, n) f32
   Tensor send, recv;                             // u8 (bytes), (N, bytes)

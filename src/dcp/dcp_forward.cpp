@@ -30,6 +30,7 @@ void check_dcp_layer(const DcpConfig& config, const DcpConfig& layer, int block_
                   ", ", layer.interleave, "): create the layer with the group's DcpConfig");
 }
 
+// The one-call dcp_forward's config against its communicator (before anything is planned).
 void check_group(const DcpConfig& config, const DcpCommunicator& comm, const char* who) {
   PAGEDATTN_CHECK(config.world_size == comm.world_size() && config.rank == comm.rank(), "dcp", who,
                   ": config (world_size ", config.world_size, ", rank ", config.rank,
@@ -99,12 +100,14 @@ std::unique_ptr<DcpPlan> make_plan(AttentionMetadataBuilder& builder, const DcpC
     plan->attention = builder.build(0, plan->metadata.common);
   }
   if (!plan->identity) {
-    Tensor host_rows(Shape{n}, DType::i32, Device::cpu), host_inverse(Shape{plan->num_tokens}, DType::i32, Device::cpu);
-    std::copy(rows.begin(), rows.end(), host_rows.data_as<int32_t>());
-    std::fill_n(host_inverse.data_as<int32_t>(), plan->num_tokens, -1);
-    for (int64_t i = 0; i < n; ++i) host_inverse.data_as<int32_t>()[rows[static_cast<size_t>(i)]] = static_cast<int32_t>(i);
-    plan->rows = host_rows.to(device);
-    plan->inverse = host_inverse.to(device);
+    if (device != Device::cpu) {  // the row kernels' maps (the host path reads step.rows)
+      Tensor host_rows(Shape{n}, DType::i32, Device::cpu), host_inverse(Shape{plan->num_tokens}, DType::i32, Device::cpu);
+      std::copy(rows.begin(), rows.end(), host_rows.data_as<int32_t>());
+      std::fill_n(host_inverse.data_as<int32_t>(), plan->num_tokens, -1);
+      for (int64_t i = 0; i < n; ++i) host_inverse.data_as<int32_t>()[rows[static_cast<size_t>(i)]] = static_cast<int32_t>(i);
+      plan->rows = host_rows.to(device);
+      plan->inverse = host_inverse.to(device);
+    }
     for (int i = 0; i < 3; ++i) plan->inputs[i] = Tensor(with_rows(n, inputs[i].shape), inputs[i].dtype, device);
     plan->local_out = Tensor(Shape{n, heads, head_size_v}, dtype, device);
     plan->local_lse = Tensor(Shape{heads, n}, DType::f32, device);
@@ -213,6 +216,28 @@ std::array<RowShape, 3> mla_rows(const MLAAttentionLayerParams& p) {
           RowShape{Shape{p.qk_rope_head_dim}, p.dtype}};
 }
 
+// What dcp_combine reads besides the plan; dcp_forward checks it before dcp_attend writes the cache.
+void check_combine(const DcpPlan& plan, const DcpCommunicator& comm, const TensorView& out, const TensorView& lse) {
+  constexpr const char* kWho = "dcp_combine";
+  PAGEDATTN_CHECK(comm.world_size() == plan.config.world_size && comm.rank() == plan.config.rank, "comm", kWho,
+                  ": the communicator is rank ", comm.rank(), " of ", comm.world_size(), ", the plan rank ",
+                  plan.config.rank, " of ", plan.config.world_size);
+  PAGEDATTN_CHECK(comm.device() == plan.device, "comm", kWho, ": the communicator works on ",
+                  device_name(comm.device()), " tensors, the plan on ", device_name(plan.device),
+                  " (host: make_in_memory_dcp_group; cuda: pagedattn/dcp_nccl.h)");
+  const int64_t t = plan.num_tokens, h = plan.num_heads, d = plan.head_size_v;
+  PAGEDATTN_CHECK(out.defined() && out.device() == plan.device && out.ndim() == 3 && out.size(0) >= t &&
+                      out.size(1) == h && out.size(2) == d && out.dtype() == plan.dtype,
+                  "out", kWho, ": out is ", out.describe(), ", expected (>= ", t, ", ", h, ", ", d, ") of ",
+                  dtype_name(plan.dtype), " on ", device_name(plan.device));
+  if (lse.defined()) {
+    PAGEDATTN_CHECK(lse.device() == plan.device && lse.ndim() == 2 && lse.size(0) == h && lse.size(1) >= t &&
+                        lse.dtype() == DType::f32,
+                    "lse", kWho, ": lse is ", lse.describe(), ", expected float32 (", h, ", >= ", t, ") on ",
+                    device_name(plan.device));
+  }
+}
+
 }  // namespace
 
 TensorView DcpPlan::send_out() const {
@@ -273,24 +298,8 @@ void dcp_attend(MLAAttention& layer, DcpPlan& plan, const TensorView& q, const T
 }
 
 void dcp_combine(DcpPlan& plan, DcpCommunicator& comm, const TensorView& out, const TensorView& lse) {
-  constexpr const char* kWho = "dcp_combine";
-  PAGEDATTN_CHECK(comm.world_size() == plan.config.world_size && comm.rank() == plan.config.rank, "comm", kWho,
-                  ": the communicator is rank ", comm.rank(), " of ", comm.world_size(), ", the plan rank ",
-                  plan.config.rank, " of ", plan.config.world_size);
-  PAGEDATTN_CHECK(comm.device() == plan.device, "comm", kWho, ": the communicator works on ",
-                  device_name(comm.device()), " tensors, the plan on ", device_name(plan.device),
-                  " (host: make_in_memory_dcp_group; cuda: pagedattn/dcp_nccl.h)");
+  check_combine(plan, comm, out, lse);
   const int64_t t = plan.num_tokens, h = plan.num_heads, d = plan.head_size_v;
-  PAGEDATTN_CHECK(out.defined() && out.device() == plan.device && out.ndim() == 3 && out.size(0) >= t &&
-                      out.size(1) == h && out.size(2) == d && out.dtype() == plan.dtype,
-                  "out", kWho, ": out is ", out.describe(), ", expected (>= ", t, ", ", h, ", ", d, ") of ",
-                  dtype_name(plan.dtype), " on ", device_name(plan.device));
-  if (lse.defined()) {
-    PAGEDATTN_CHECK(lse.device() == plan.device && lse.ndim() == 2 && lse.size(0) == h && lse.size(1) >= t &&
-                        lse.dtype() == DType::f32,
-                    "lse", kWho, ": lse is ", lse.describe(), ", expected float32 (", h, ", >= ", t, ") on ",
-                    device_name(plan.device));
-  }
   comm.all_gather(plan.send, plan.recv);
   const int n = plan.config.world_size;
   const int64_t bytes = plan.send.view().size(0);
@@ -318,6 +327,7 @@ void dcp_combine(DcpPlan& plan, DcpCommunicator& comm, const TensorView& out, co
 void dcp_forward(Attention& layer, DcpPlan& plan, DcpCommunicator& comm, const TensorView& query,
                  const TensorView& key, const TensorView& value, const TensorView& kv_cache, const TensorView& out,
                  const TensorView& lse) {
+  check_combine(plan, comm, out, lse);
   dcp_attend(layer, plan, query, key, value, kv_cache);
   dcp_combine(plan, comm, out, lse);
 }
@@ -325,6 +335,7 @@ void dcp_forward(Attention& layer, DcpPlan& plan, DcpCommunicator& comm, const T
 void dcp_forward(MLAAttention& layer, DcpPlan& plan, DcpCommunicator& comm, const TensorView& q,
                  const TensorView& kv_c_normed, const TensorView& k_pe, const TensorView& kv_cache,
                  const TensorView& out, const TensorView& lse) {
+  check_combine(plan, comm, out, lse);
   dcp_attend(layer, plan, q, kv_c_normed, k_pe, kv_cache);
   dcp_combine(plan, comm, out, lse);
 }

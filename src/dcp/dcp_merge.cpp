@@ -1,6 +1,5 @@
-// Decode context parallelism on the host: the N-way LSE merge, the in-memory group (one process, one
-// thread per rank) and the host combine of pagedattn/dcp.h. The per-rank step drivers are in
-// dcp_forward.cpp.
+// Decode context parallelism on the host: the N-way LSE merge and the in-memory group (one process,
+// one thread per rank) of pagedattn/dcp.h. The per-rank step is in dcp_forward.cpp.
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -8,16 +7,12 @@
 #include <exception>
 #include <limits>
 #include <mutex>
-#include <optional>
 #include <thread>
-#include <numeric>
 #include <vector>
 
 #include "pagedattn/backend.h"
 #include "pagedattn/dcp.h"
 #include "pagedattn/error.h"
-#include "pagedattn/layer.h"
-#include "pagedattn/mla.h"
 
 namespace pagedattn {
 namespace {
@@ -209,31 +204,6 @@ void run_dcp_ranks(int world_size, const std::function<void(int)>& body,
   }
   for (std::thread& t : threads) t.join();
   if (first >= 0) std::rethrow_exception(errors[static_cast<size_t>(first)]);
-}
-
-void dcp_combine(DcpCommunicator& comm, const TensorView& local_out, const TensorView& local_lse,
-                 const TensorView& out, const TensorView& lse) {
-  constexpr const char* kWho = "dcp_combine";
-  check_host(local_out, "local_out", kWho);
-  check_host(local_lse, "local_lse", kWho);
-  PAGEDATTN_CHECK(local_out.ndim() == 3 && local_out.is_contiguous(), "local_out", kWho, ": local_out is ",
-                  local_out.describe(), ", expected a contiguous (T, H, D)");
-  PAGEDATTN_CHECK(local_lse.ndim() == 2 && local_lse.is_contiguous() && local_lse.dtype() == DType::f32 &&
-                      local_lse.size(0) == local_out.size(1) && local_lse.size(1) == local_out.size(0),
-                  "local_lse", kWho, ": local_lse is ", local_lse.describe(), ", expected a contiguous float32 (",
-                  local_out.size(1), ", ", local_out.size(0), ")");
-  const int n = comm.world_size();
-  Shape out_shape{n, local_out.size(0), local_out.size(1), local_out.size(2)};
-  Tensor outs(out_shape, local_out.dtype(), Device::cpu);
-  Tensor lses(Shape{n, local_lse.size(0), local_lse.size(1)}, DType::f32, Device::cpu);
-  comm.all_gather(local_out, outs);
-  comm.all_gather(local_lse, lses);
-  std::vector<TensorView> out_views, lse_views;
-  for (int r = 0; r < n; ++r) {
-    out_views.push_back(outs.view().select(0, r));
-    lse_views.push_back(lses.view().select(0, r));
-  }
-  merge_attn_states_n(out_views, lse_views, out, lse);
 }
 
 }  // namespace pagedattn

@@ -355,6 +355,36 @@ TEST(DcpEmulation, AFailingRankAbortsTheGroupInsteadOfHangingIt) {
   }
 }
 
+// A planned step rejected for what the combine reads (out, the communicator) is rejected before the
+// local attention writes the step's keys and values: the cache stays byte-identical.
+TEST(DcpEmulation, ARejectedPlannedStepLeavesTheCacheUntouched) {
+  AttentionLayerParams p;
+  p.num_heads = 4;
+  p.num_kv_heads = 2;
+  p.head_size = 16;
+  p.block_size = kBlock;
+  p.dtype = DType::f32;
+  p.backend = "CPU";
+  p.dcp = DcpConfig{2, 0, 1};
+  Attention layer(p);
+  auto builder = layer.backend().make_builder(layer.kv_cache_spec(), layer.builder_config(8, 64, 256), Device::cpu);
+  int num_blocks = 0;
+  const CommonAttentionMetadataArgs g = global_step({{20, 3}, {7, 1}}, 2, false, &num_blocks);
+  Tensor cache = layer.allocate_kv_cache(num_blocks);
+  std::mt19937_64 rng(3);
+  const Tensor filled = random_tensor(cache.shape(), rng);
+  cache.copy_from(filled);
+  const auto plan = dcp_plan(layer, *builder, p.dcp, g);
+  const Tensor q = random_tensor(Shape{4, 4, 16}, rng), k = random_tensor(Shape{4, 2, 16}, rng),
+               v = random_tensor(Shape{4, 2, 16}, rng);
+  Tensor out(Shape{4, 4, 16}, DType::f32, Device::cpu), short_out(Shape{3, 4, 16}, DType::f32, Device::cpu);
+  const auto pair = make_in_memory_dcp_group(2), solo = make_in_memory_dcp_group(1);
+  expect_error([&] { dcp_forward(layer, *plan, *pair[0], q, k, v, cache, short_out); }, "out");
+  expect_error([&] { dcp_forward(layer, *plan, *solo[0], q, k, v, cache, out); }, "comm");
+  expect_error([&] { dcp_forward(layer, *plan, *pair[1], q, k, v, cache, out); }, "comm");
+  EXPECT_EQ(std::memcmp(cache.data(), filled.data(), cache.nbytes()), 0) << "a rejected step wrote the cache";
+}
+
 // What DCP cannot compute is an Error naming the argument: a layer with ALiBi (positions), a config
 // that does not match the communicator.
 TEST(DcpEmulation, UnsupportedLayersAndMismatchedConfigsAreErrors) {
