@@ -98,10 +98,6 @@ struct LayerArg {
   const DcpConfig& dcp() const { return standard != nullptr ? standard->params().dcp : mla->params().dcp; }
 };
 
-std::string type_name_of(nb::handle obj) {
-  return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))));
-}
-
 LayerArg layer_arg(nb::handle layer) {
   LayerArg out;
   if (nb::isinstance<Attention>(layer)) {
@@ -109,7 +105,7 @@ LayerArg layer_arg(nb::handle layer) {
   } else if (nb::isinstance<MLAAttention>(layer)) {
     out.mla = nb::cast<MLAAttention*>(layer);
   } else {
-    throw Error("layer", detail::concat("layer is a ", type_name_of(layer),
+    throw Error("layer", detail::concat("layer is a ", python_type_name(layer),
                                         ": expected a pagedattn.Attention or pagedattn.MLAAttention"));
   }
   return out;
@@ -118,7 +114,7 @@ LayerArg layer_arg(nb::handle layer) {
 DcpCommunicator& comm_arg(nb::handle comm) {
   DcpCommunicator* c = nullptr;
   PAGEDATTN_CHECK(nb::isinstance<DcpCommunicator>(comm) && nb::try_cast(comm, c) && c != nullptr, "comm", "comm is a ",
-                  type_name_of(comm),
+                  python_type_name(comm),
                   ": expected a pagedattn.DcpCommunicator (make_in_memory_dcp_group, NcclDcpCommunicator, "
                   "TorchDcpCommunicator or a subclass)");
   return *c;
@@ -148,40 +144,6 @@ CommonAttentionMetadataArgs global_args(const PyCommonAttentionMetadata& common)
   return a;
 }
 
-nb::dlpack::dtype dlpack_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return nb::dtype<float>();
-    case DType::f16: return {static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
-    case DType::bf16: return nb::dtype<uint16_t>();  // as export_tensor: bf16 / fp8 as unsigned ints
-    case DType::fp8_e4m3:
-    case DType::fp8_e5m2:
-    case DType::u8: return nb::dtype<uint8_t>();
-    case DType::i32: return nb::dtype<int32_t>();
-    case DType::i64: return nb::dtype<int64_t>();
-  }
-  throw Error("dtype", "unknown dtype");
-}
-
-// A view of library memory for a Python all_gather: a NumPy array (host) or a torch.Tensor (CUDA),
-// as export_tensor hands tensors out, without a copy and without an owner (valid during the call).
-nb::object view_object(const TensorView& v) {
-  std::array<size_t, kMaxDims> shape{};
-  std::array<int64_t, kMaxDims> strides{};
-  for (int i = 0; i < v.ndim(); ++i) {
-    shape[static_cast<size_t>(i)] = static_cast<size_t>(v.size(i));
-    strides[static_cast<size_t>(i)] = v.stride(i);
-  }
-  const auto ndim = static_cast<size_t>(v.ndim());
-  if (v.device() == Device::cuda) {
-    return nb::ndarray<nb::pytorch>(v.data(), ndim, shape.data(), nb::handle(), strides.data(), dlpack_dtype(v.dtype()),
-                                    nb::device::cuda::value, v.device_index())
-        .cast(nb::rv_policy::reference);
-  }
-  return nb::ndarray<nb::numpy>(v.data(), ndim, shape.data(), nb::handle(), strides.data(), dlpack_dtype(v.dtype()),
-                                nb::device::cpu::value, 0)
-      .cast(nb::rv_policy::reference);
-}
-
 // ---- the communicator ---------------------------------------------------------------------------
 
 // A DcpCommunicator implemented in Python. Every call takes the GIL (the library calls it from
@@ -201,7 +163,7 @@ class PyDcpCommunicator : public DcpCommunicator {
   }
   void all_gather(const TensorView& send, const TensorView& recv) override {
     nb::gil_scoped_acquire gil;
-    nb::object s = view_object(send), r = view_object(recv);
+    nb::object s = export_view(send, nb::handle()), r = export_view(recv, nb::handle());
     nb::detail::ticket ticket(nb_trampoline, "all_gather", nb::detail::str_hash("all_gather"), true);
     nb_trampoline.base().attr(ticket.key)(s, r);
   }
@@ -258,10 +220,10 @@ DcpConfig layout_config(int dcp_size, int dcp_rank, int interleave) {
   return DcpConfig{dcp_size, dcp_rank, interleave};
 }
 
-nb::object int32_array(std::vector<int32_t> values) {
-  auto* owner = new std::vector<int32_t>(std::move(values));
-  nb::capsule capsule(owner, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
-  return nb::ndarray<nb::numpy, int32_t>(owner->data(), {owner->size()}, capsule).cast();
+// A NumPy copy of a plan's host array.
+template <typename T>
+nb::object numpy_copy(const std::vector<T>& values) {
+  return numpy_from_vector(std::vector<T>(values), {values.size()});
 }
 
 }  // namespace
@@ -329,7 +291,9 @@ void bind_dcp(nb::module_& m) {
         for (size_t i = 0; i < seq_lens.size(); ++i) {
           PAGEDATTN_CHECK(seq_lens[i] >= 0, "seq_lens", "seq_lens[", i, "] = ", seq_lens[i], " must be >= 0");
         }
-        return int32_array(get_dcp_local_seq_lens(seq_lens, layout_config(dcp_size, dcp_rank, interleave)));
+        std::vector<int32_t> lens = get_dcp_local_seq_lens(seq_lens, layout_config(dcp_size, dcp_rank, interleave));
+        const size_t n = lens.size();
+        return numpy_from_vector(std::move(lens), {n});
       },
       "seq_lens"_a, "dcp_size"_a, "dcp_rank"_a, "cp_kv_cache_interleave_size"_a);
 
@@ -456,22 +420,16 @@ void bind_dcp(nb::module_& m) {
       .def_prop_ro("dtype", [](const DcpPlan& p) { return std::string(framework_dtype_name(p.dtype)); })
       .def_prop_ro("device", [](const DcpPlan& p) { return std::string(device_name(p.device)); })
       .def_prop_ro(
-          "rows", [](const DcpPlan& p) { return int32_array(p.step.rows); },
+          "rows", [](const DcpPlan& p) { return numpy_copy(p.step.rows); },
           "Local row i is global row rows[i] (NumPy int32 copy).")
       .def_prop_ro(
-          "query_start_loc", [](const DcpPlan& p) { return int32_array(p.step.args.query_start_loc); },
+          "query_start_loc", [](const DcpPlan& p) { return numpy_copy(p.step.args.query_start_loc); },
           "The local step's query_start_loc (NumPy int32 copy).")
       .def_prop_ro(
-          "seq_lens", [](const DcpPlan& p) { return int32_array(p.step.args.seq_lens); },
+          "seq_lens", [](const DcpPlan& p) { return numpy_copy(p.step.args.seq_lens); },
           "The local step's seq_lens: the keys of each local request on this rank (NumPy int32 copy).")
       .def_prop_ro(
-          "slot_mapping",
-          [](const DcpPlan& p) {
-            const std::vector<int64_t>& s = p.step.args.slot_mapping;
-            auto* owner = new std::vector<int64_t>(s);
-            nb::capsule capsule(owner, [](void* q) noexcept { delete static_cast<std::vector<int64_t>*>(q); });
-            return nb::ndarray<nb::numpy, int64_t>(owner->data(), {owner->size()}, capsule).cast();
-          },
+          "slot_mapping", [](const DcpPlan& p) { return numpy_copy(p.step.args.slot_mapping); },
           "The local step's cache slots (-1 for tokens held elsewhere; NumPy int64 copy).")
       .def("__repr__", [](const DcpPlan& p) {
         return detail::concat("<pagedattn.DcpPlan rank ", p.config.rank, " of ", p.config.world_size, ": ",

@@ -24,14 +24,6 @@ using HostI64 = nb::ndarray<const int64_t, nb::device::cpu, nb::c_contig>;
 
 std::vector<int32_t> to_vector(const HostI32& a) { return {a.data(), a.data() + a.size()}; }
 
-// A NumPy array owning `values` (moved), of `shape`.
-template <typename T>
-nb::object numpy_from_vector(std::vector<T>&& values, std::initializer_list<size_t> shape) {
-  auto* owner = new std::vector<T>(std::move(values));
-  nb::capsule capsule(owner, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T>(owner->data(), shape, capsule).cast();
-}
-
 // Errors from the library name the C++ fields (seq_lens_cpu, block_table_tensor, ...); the
 // Python caller passed query_start_loc, seq_lens, block_table, num_computed_tokens.
 template <typename F>

@@ -75,9 +75,6 @@ std::string describe_dlpack_dtype(nb::dlpack::dtype dt) {
   return name;
 }
 
-std::string python_type_name(nb::handle obj) {
-  return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))));
-}
 
 // "torch.bfloat16" -> "bfloat16"; numpy dtype 'bfloat16' -> "bfloat16".
 std::string dtype_string(nb::handle dtype_obj) {
@@ -108,6 +105,10 @@ bool is_torch_object(nb::handle obj) {
 }
 
 }  // namespace
+
+std::string python_type_name(nb::handle obj) {
+  return nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))));
+}
 
 const char* framework_dtype_name(DType dtype) {
   switch (dtype) {
@@ -265,26 +266,32 @@ Device device_arg(nb::handle obj, const char* argument) {
   return parse_device(name, argument);
 }
 
-nb::object export_tensor(Tensor&& tensor) {
-  auto* owner = new Tensor(std::move(tensor));
-  nb::capsule capsule(owner, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
-  const TensorView& v = owner->view();
+nb::object export_view(const TensorView& v, nb::handle owner) {
   std::array<size_t, kMaxDims> shape{};
   std::array<int64_t, kMaxDims> strides{};
   for (int i = 0; i < v.ndim(); ++i) {
     shape[static_cast<size_t>(i)] = static_cast<size_t>(v.size(i));
     strides[static_cast<size_t>(i)] = v.stride(i);
   }
+  // No owner: the array only refers to the memory (rv_policy::reference), valid while the library's is.
+  nb::rv_policy policy = nb::rv_policy::reference;
+  if (owner.is_valid()) policy = nb::rv_policy::automatic;
   if (v.device() == Device::cuda) {
-    nb::ndarray<nb::pytorch> array(v.data(), static_cast<size_t>(v.ndim()), shape.data(), capsule,
+    nb::ndarray<nb::pytorch> array(v.data(), static_cast<size_t>(v.ndim()), shape.data(), owner,
                                    strides.data(), dlpack_from_dtype(v.dtype()),
                                    nb::device::cuda::value, v.device_index());
-    return array.cast();
+    return array.cast(policy);
   }
-  nb::ndarray<nb::numpy> array(v.data(), static_cast<size_t>(v.ndim()), shape.data(), capsule,
+  nb::ndarray<nb::numpy> array(v.data(), static_cast<size_t>(v.ndim()), shape.data(), owner,
                                strides.data(), dlpack_from_dtype(v.dtype()),
                                nb::device::cpu::value, 0);
-  return array.cast();
+  return array.cast(policy);
+}
+
+nb::object export_tensor(Tensor&& tensor) {
+  auto* owner = new Tensor(std::move(tensor));
+  nb::capsule capsule(owner, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  return export_view(owner->view(), capsule);
 }
 
 nb::object host_array(const TensorView& v, nb::handle owner, bool read_only) {

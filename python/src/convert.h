@@ -11,6 +11,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,18 @@ const char* framework_dtype_name(DType dtype);
 // (CUDA), with the tensor's strides. bf16 / fp8 come out as uint16 / uint8 of the same layout;
 // the Python package re-views them (pagedattn._tensors.as_dtype).
 nb::object export_tensor(Tensor&& tensor);
+// The same for a view of memory `owner` keeps alive; without an owner the array only refers to
+// the memory (valid while the library's is: e.g. during a call into Python).
+nb::object export_view(const TensorView& view, nb::handle owner);
+// A NumPy array owning `values` (moved), of `shape`.
+template <typename T>
+nb::object numpy_from_vector(std::vector<T>&& values, std::initializer_list<size_t> shape) {
+  auto* owner = new std::vector<T>(std::move(values));
+  nb::capsule capsule(owner, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(owner->data(), shape, capsule).cast();
+}
+// The Python type name of obj ("numpy.ndarray", "torch.Tensor", ...).
+std::string python_type_name(nb::handle obj);
 // A host view as a NumPy array sharing memory with `owner` (kept alive by the array).
 nb::object host_array(const TensorView& view, nb::handle owner, bool read_only);
 
