@@ -1,8 +1,6 @@
 // The serving simulation (see simulation.h for the data flow).
 #include "simulation.h"
 
-#include "dcp_ranks.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +13,7 @@
 #include "progress.h"
 #include "pagedattn/pagedattn.h"
 #include "run_checks.h"
+#include "simulation_state.h"
 #include "work_model.h"
 
 namespace pagedattn::cli {
@@ -57,53 +56,6 @@ bool same_builder_config(const BuilderConfig& a, const BuilderConfig& b) {
          a.mla_chunked_prefill_workspace_tokens == b.mla_chunked_prefill_workspace_tokens;
 }
 
-// One model layer: a standard Attention layer, or an MLAAttention layer (shape.kind == mla).
-struct LayerState {
-  LayerShape shape;
-  std::unique_ptr<Attention> layer;
-  std::unique_ptr<MLAAttention> mla;
-  Tensor cache;
-  int group = -1;
-  std::unique_ptr<Attention> ref_layer;  // --check: the same layer on REFERENCE (cpu)
-  std::unique_ptr<MLAAttention> ref_mla;  // --check, MLA: the same layer on REFERENCE_MLA (cpu)
-  Tensor ref_cache;
-  int ref_group = -1;
-  // --dcp N: ranks 1 .. N - 1 of the layer and their caches (rank 0 is layer / mla and cache).
-  std::vector<std::unique_ptr<Attention>> rank_layers;
-  std::vector<std::unique_ptr<MLAAttention>> rank_mla;
-  std::vector<Tensor> rank_caches;
-  double max_rel_error = 0;
-  int checked_steps = 0;
-  double checked_seconds = 0;    // the layer's forward on the checked steps
-  double reference_seconds = 0;  // REFERENCE's forward of the same steps
-
-  const std::string& name() const { return mla ? mla->name() : layer->name(); }
-  const AttentionBackend& backend() const { return mla ? mla->backend() : layer->backend(); }
-  KVCacheSpec kv_cache_spec() const { return mla ? mla->kv_cache_spec() : layer->kv_cache_spec(); }
-  Tensor allocate_kv_cache(int64_t num_blocks) const {
-    return mla ? mla->allocate_kv_cache(num_blocks) : layer->allocate_kv_cache(num_blocks);
-  }
-};
-
-
-// One KV-cache group: the layers that share a backend, a KVCacheSpec and a builder config.
-struct GroupState {
-  const AttentionBackend* backend = nullptr;
-  KVCacheSpec spec;
-  BuilderConfig config;
-  std::unique_ptr<AttentionMetadataBuilder> builder;
-  std::vector<std::unique_ptr<AttentionMetadataBuilder>> rank_builders;  // --dcp: ranks 1 .. N - 1
-  std::vector<int> layers;
-  LayerShape shape;
-};
-
-// The step's arrays on the host (for the metadata and the accounting).
-struct HostBatch {
-  std::vector<int32_t> query_start_loc, seq_lens, query_lens, block_table;
-  std::vector<int64_t> slot_mapping;
-  int cols = 0;
-};
-
 void fill_normal(Tensor& t, uint64_t seed, float stddev = 1.f) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, stddev);
@@ -123,44 +75,6 @@ std::string spec_summary(const KVCacheSpec& spec) {
 }
 
 }  // namespace
-
-struct Simulation::State {
-  RunOptions options;
-  const ModelPreset* preset = nullptr;
-  std::vector<LayerState> layers;
-  std::vector<GroupState> groups, ref_groups;
-  std::unique_ptr<Scheduler> scheduler;
-  std::unique_ptr<InvarianceChecker> invariance;  // --check-invariance
-  bool check = false;
-  int threads = 0;
-  int num_sms = 0;
-  double tolerance = 0;
-  // Random activations: N(0, 1) values; q/k/v are views at random offsets (fresh per layer and
-  // step). pool_device is the copy on the run's device (empty on the cpu).
-  Tensor pool_host, pool_device;
-  int64_t pool_slack = 0;
-  Tensor output, ref_output;  // flat; viewed as (T, Hq, Dv)
-  // --dcp on CUDA: ranks 1 .. N - 1's copies of the pool and their outputs, on their GPUs (a step
-  // copies nothing across GPUs: a peer copy on the legacy stream would wait for the other GPU's
-  // queue, where the all-gather waits for this rank).
-  std::vector<Tensor> rank_pools, rank_outputs;
-  std::mt19937_64 rng;
-  int64_t kv_cache_bytes = 0;
-  int64_t kv_cache_bytes_per_rank = 0;
-
-  // MLA layers: one kv_b_proj weight (H*(P+V), L), N(0, 1/L) values, shared by every layer (the
-  // simulator has no model weights; each layer still splits it into its own W_UK / W_UV).
-  Tensor kv_b_proj_host, kv_b_proj_device;
-  // --dcp N: the group of N ranks (threads; on CUDA one GPU and one NCCL communicator each).
-  std::unique_ptr<DcpRanks> dcp_ranks;
-  std::vector<double> dcp_rank_seconds;  // each rank's own forward time (its dcp_forward, synchronized)
-  DcpConfig dcp_config(int rank) const { return DcpConfig{options.dcp_world_size, rank, options.dcp_interleave}; }
-  bool dcp() const { return options.dcp_world_size > 1; }
-
-  int add_group(std::vector<GroupState>& list, const LayerState& layer, bool reference, Device device);
-  HostBatch host_batch(const StepSchedule& step) const;
-  StepRecord run_step(const StepSchedule& step, bool check_step, bool invariance_step, RunReport& report);
-};
 
 int Simulation::State::add_group(std::vector<GroupState>& list, const LayerState& l, bool reference,
                                  Device device) {
@@ -604,41 +518,6 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
     invariance->check_layer(l.name(), l.group, *g.backend, g.spec, g.config, step_args, num_blocks, in, out,
                             forward);
   };
-  // --dcp: the layer's step on every rank (one thread each); rank 0 writes `out`. On CUDA, rank r
-  // (GPU r) reads the same views of its own copy of the pool and writes its own output there.
-  auto dcp_step = [&](LayerState& l, std::initializer_list<TensorView> inputs, const TensorView& out) {
-    const TensorView in[3] = {inputs.begin()[0], inputs.begin()[1], inputs.begin()[2]};
-    GroupState& g = groups[static_cast<size_t>(l.group)];
-    dcp_ranks->run([&](int r) {
-      // Rank r >= 1: the same views into its copy of the pool (CUDA), its own output.
-      TensorView x[3] = {in[0], in[1], in[2]}, o_r = out;
-      if (r > 0) {
-        const auto rank = static_cast<size_t>(r - 1);
-        if (o.device == Device::cuda) {
-          for (TensorView& v : x) {
-            const auto offset = static_cast<const char*>(v.data()) - static_cast<const char*>(pool_device.data());
-            v = TensorView(static_cast<char*>(rank_pools[rank].data()) + offset, v.dtype(), v.shape(), v.strides(),
-                           v.device(), rank_pools[rank].view().device_index());
-          }
-        }
-        o_r = TensorView(rank_outputs[rank].data(), out.dtype(), out.shape(), out.strides(), out.device(),
-                         rank_outputs[rank].view().device_index());
-      }
-      AttentionMetadataBuilder& b = r == 0 ? *g.builder : *g.rank_builders[static_cast<size_t>(r - 1)];
-      const TensorView cache = r == 0 ? l.cache.view() : l.rank_caches[static_cast<size_t>(r - 1)].view();
-      DcpCommunicator& comm = dcp_ranks->comm(r);
-      const auto t0 = Clock::now();
-      if (l.mla) {
-        MLAAttention& layer = r == 0 ? *l.mla : *l.rank_mla[static_cast<size_t>(r - 1)];
-        dcp_forward(layer, b, comm, dcp_config(r), args, x[0], x[1], x[2], cache, o_r);
-      } else {
-        Attention& layer = r == 0 ? *l.layer : *l.rank_layers[static_cast<size_t>(r - 1)];
-        dcp_forward(layer, b, comm, dcp_config(r), args, x[0], x[1], x[2], cache, o_r);
-      }
-      if (o.device == Device::cuda) synchronize_cuda();
-      dcp_rank_seconds[static_cast<size_t>(r)] += seconds_since(t0);
-    });
-  };
   std::uniform_int_distribution<int64_t> offset_dist(0, pool_slack / 64 - 1);
   const size_t esize = dtype_size(o.dtype);
   for (LayerState& l : layers) {
@@ -678,7 +557,7 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
       if (check_step) output.fill_bytes(0xFF);  // every element must be written
       auto t0 = Clock::now();
       if (dcp()) {
-        dcp_step(l, {q, kv_c, k_pe}, out);
+        dcp_layer_step(l, args, {q, kv_c, k_pe}, out);
       } else {
         l.mla->forward(q, kv_c, k_pe, l.cache.view(), *metadata[static_cast<size_t>(l.group)], out);
       }
@@ -711,7 +590,7 @@ StepRecord Simulation::State::run_step(const StepSchedule& step, bool check_step
 
     auto t0 = Clock::now();
     if (dcp()) {
-      dcp_step(l, {q, k, v}, out);
+      dcp_layer_step(l, args, {q, k, v}, out);
     } else {
       ctx.forward(*l.layer, q, k, v, out);
     }
