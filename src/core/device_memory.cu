@@ -123,6 +123,12 @@ void memcpy_d2d(void* dst, const void* src, size_t bytes) {
   PAGEDATTN_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
 }
 
+void memcpy_d2d_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows) {
+  if (row_bytes == 0 || rows == 0) return;
+  PAGEDATTN_CUDA_CALL(
+      cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, stream()));
+}
+
 void device_memset(void* ptr, uint8_t byte, size_t bytes) {
   if (bytes == 0) return;
   PAGEDATTN_CUDA_CALL(cudaMemsetAsync(ptr, byte, bytes, stream()));

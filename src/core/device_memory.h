@@ -21,6 +21,8 @@ void device_free(void* ptr) noexcept;
 void memcpy_h2d(void* dst, const void* src, size_t bytes);
 void memcpy_d2h(void* dst, const void* src, size_t bytes);
 void memcpy_d2d(void* dst, const void* src, size_t bytes);
+// `rows` rows of `row_bytes` each, from src (rows src_pitch bytes apart) to dst (dst_pitch apart).
+void memcpy_d2d_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows);
 void device_memset(void* ptr, uint8_t byte, size_t bytes);
 
 }  // namespace pagedattn::detail

@@ -30,6 +30,7 @@ void device_free(void* ptr) noexcept { (void)ptr; }  // nothing can have been al
 void memcpy_h2d(void*, const void*, size_t) { throw_no_cuda(); }
 void memcpy_d2h(void*, const void*, size_t) { throw_no_cuda(); }
 void memcpy_d2d(void*, const void*, size_t) { throw_no_cuda(); }
+void memcpy_d2d_2d(void*, size_t, const void*, size_t, size_t, size_t) { throw_no_cuda(); }
 void device_memset(void*, uint8_t, size_t) { throw_no_cuda(); }
 
 }  // namespace detail

@@ -1,12 +1,15 @@
 // MLA plan (vLLM MLACommonMetadataBuilder): the step workspace, the decode/prefill split and the
 // chunked-context plan, with device copies of the small arrays.
 //
-// Lifetimes (as vLLM): the plan VIEWS the caller's block table and slot mapping
-// (common.block_table_tensor rows, common.slot_mapping) and, on CUDA, the builder's persistent
-// device arrays, which the next build() overwrites (the plan's PlanStamp then says stale and the
-// impls throw); on the CPU the small arrays are views of the plan's own vectors and the step
-// buffers a pool shared with the builder (mla_common.h), so a CPU plan outlives later builds and
-// its builder.
+// Lifetimes (as vLLM): on the CPU the plan VIEWS the caller's block table and slot mapping
+// (common.block_table_tensor rows, common.slot_mapping), the small arrays are views of the plan's
+// own vectors and the step buffers a pool shared with the builder (mla_common.h), so a CPU plan
+// outlives later builds and its builder. On CUDA every array a decode step reads is a copy in the
+// builder's persistent device arrays, which the next build() overwrites (the plan's PlanStamp then
+// says stale and the impls throw): the slot mapping (padded with -1 to max_num_batched_tokens) and
+// the decodes' block-table rows (row stride cdiv(max_model_len, block_size)). So a CUDA graph
+// captured on one decode plan reads the same addresses in every later plan of the builder
+// (CUDA_MLA: build_for_cudagraph_capture); the prefill part views the caller's rows.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -73,6 +76,45 @@ TensorView part_block_table(const TensorView& bt, const std::vector<int>& reqs, 
     detail::memcpy_d2d(dst + i * cols, src + reqs[i] * bt.stride(0), static_cast<size_t>(cols) * sizeof(int32_t));
   }
   return storage->view();
+}
+
+// CUDA: the step's slot mapping into `storage` (max_num_batched_tokens entries of the caller's
+// dtype), every entry past the step -1, so a kernel captured for more tokens skips them.
+TensorView copy_slot_mapping_into(const Tensor& storage, const TensorView& slots, int64_t tokens) {
+  const size_t es = slots.element_size();
+  const int64_t capacity = static_cast<int64_t>(storage.nbytes() / es);
+  auto* dst = static_cast<uint8_t*>(storage.data());
+  if (tokens > 0) {
+    if (slots.stride(0) == 1) {
+      detail::memcpy_d2d(dst, slots.data(), static_cast<size_t>(tokens) * es);
+    } else {
+      detail::memcpy_d2d_2d(dst, es, slots.data(), static_cast<size_t>(slots.stride(0)) * es, es, static_cast<size_t>(tokens));
+    }
+  }
+  detail::device_memset(dst + tokens * es, 0xFF, static_cast<size_t>(capacity - tokens) * es);
+  return TensorView(dst, slots.dtype(), Shape{tokens}, slots.device(), storage.view().device_index());
+}
+
+// CUDA: the decode requests' block-table rows (their first `cols` columns) into `table` (rows of
+// table.size(1) columns), one 2-D copy per run of consecutive requests.
+TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::vector<int>& reqs, int64_t cols) {
+  const int64_t n = static_cast<int64_t>(reqs.size());
+  const int64_t stride = table.shape()[1];
+  auto* dst = static_cast<int32_t*>(table.data());
+  if (n > 0 && cols > 0) {
+    PAGEDATTN_CHECK(bt.stride(1) == 1, "common.block_table_tensor", kWho, "block_table_tensor is ", bt.describe(),
+                    ": CUDA plans copy its rows and need them packed (column stride 1)");
+    const auto* src = bt.data_as<const int32_t>();
+    for (int64_t i = 0; i < n;) {
+      int64_t run = 1;
+      while (i + run < n && reqs[i + run] == reqs[i] + run) ++run;
+      detail::memcpy_d2d_2d(dst + i * stride, static_cast<size_t>(stride) * sizeof(int32_t),
+                            src + reqs[i] * bt.stride(0), static_cast<size_t>(bt.stride(0)) * sizeof(int32_t),
+                            static_cast<size_t>(cols) * sizeof(int32_t), static_cast<size_t>(run));
+      i += run;
+    }
+  }
+  return TensorView(dst, DType::i32, Shape{n, stride}, Shape{stride, 1}, bt.device(), table.view().device_index());
 }
 
 int64_t workspace_tokens_of(const BuilderConfig& c, int block_size) {
@@ -172,6 +214,9 @@ void check_builder_config(const KVCacheSpec& spec, const BuilderConfig& c) {
 // Device copies of the plan arrays (CUDA only; sized for the builder's limits).
 struct MLACommonMetadataBuilder::DeviceArrays {
   int64_t max_chunks = 0;
+  int64_t max_blocks = 0;        // block-table columns: cdiv(max_model_len, block_size)
+  Tensor slot_mapping;           // (T,) i64 storage, read as the caller's dtype; -1 past the step
+  Tensor decode_block_table;     // (S, max_blocks) the decodes' rows
   Tensor decode_seq_lens;        // (S,)
   Tensor query_start_loc;        // (S + 1,)
   Tensor seq_lens, context_lens; // (S,)
@@ -189,6 +234,9 @@ MLACommonMetadataBuilder::MLACommonMetadataBuilder(KVCacheSpec spec, const Build
     arrays_ = std::make_unique<DeviceArrays>();
     const int64_t s = config_.max_num_seqs;
     arrays_->max_chunks = std::max<int64_t>(1, cdiv(config_.max_model_len, min_context_chunk()));
+    arrays_->max_blocks = cdiv(config_.max_model_len, spec_.block_size);
+    arrays_->slot_mapping = Tensor(Shape{config_.max_num_batched_tokens}, DType::i64, device_);
+    arrays_->decode_block_table = Tensor(Shape{s, arrays_->max_blocks}, DType::i32, device_);
     arrays_->decode_seq_lens = Tensor(Shape{s}, DType::i32, device_);
     arrays_->query_start_loc = Tensor(Shape{s + 1}, DType::i32, device_);
     arrays_->seq_lens = Tensor(Shape{s}, DType::i32, device_);
@@ -209,7 +257,7 @@ MLACommonMetadataBuilder::~MLACommonMetadataBuilder() { generation_->fetch_add(1
 size_t MLACommonMetadataBuilder::workspace_bytes() const {
   size_t total = workspace_->bytes();
   if (arrays_) {
-    for (const Tensor* t : {&arrays_->decode_seq_lens, &arrays_->query_start_loc,
+    for (const Tensor* t : {&arrays_->slot_mapping, &arrays_->decode_block_table, &arrays_->decode_seq_lens, &arrays_->query_start_loc,
                             &arrays_->seq_lens, &arrays_->context_lens, &arrays_->chunk_starts,
                             &arrays_->cu_seq_lens}) {
       total += t->nbytes();
@@ -297,7 +345,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   dec.num_decode_tokens = md->num_decode_tokens;
   for (int r : decode_reqs) dec.seq_lens.push_back(seq_lens[r]);
   dec.max_seq_len = num_decodes > 0 ? *std::max_element(dec.seq_lens.begin(), dec.seq_lens.end()) : 0;
-  dec.block_table = part_block_table(bt, decode_reqs, dec.block_table_storage);
+  if (device_ == Device::cpu) dec.block_table = part_block_table(bt, decode_reqs, dec.block_table_storage);
 
   // prefill part
   if (num_prefills > 0) {
@@ -381,6 +429,10 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
     return TensorView(storage->data(), DType::i32, shape, device_, storage->view().device_index());
   };
   DeviceArrays* a = arrays_.get();
+  if (a != nullptr) {
+    md->slot_mapping = copy_slot_mapping_into(a->slot_mapping, md->slot_mapping, common.num_actual_tokens);
+    dec.block_table = copy_rows_into(a->decode_block_table, bt, decode_reqs, cdiv(dec.max_seq_len, spec_.block_size));
+  }
   dec.seq_lens_device = place(dec.seq_lens, a ? &a->decode_seq_lens : nullptr, Shape{num_decodes});
   if (md->prefill) {
     MLAPrefillMetadata& pre = *md->prefill;

@@ -7,6 +7,15 @@
 // only launches the plan's kernel. A plan is valid until the builder's next build() (or its
 // destruction): the shared MLA build stamps every plan (PlanStamp, backend.h) and forward /
 // do_kv_cache_update / forward_decode / the prefill runners throw on an older one.
+// CUDA graphs (cudagraph_support() == uniform_single_token_decode, as vLLM's FlashInfer MLA):
+// every array a decode step reads sits at a fixed address of the builder (the plan arrays here; the
+// slot mapping and block-table rows in the common builder), and a plan from
+// build_for_cudagraph_capture launches the kernel over every part the builder plans (empty parts
+// exit at once) and always the combine (a request of one segment is skipped there). A graph
+// captured on a batch of B decodes therefore replays any later plan of at most B decode requests
+// (plus padding requests of query_len 0) from build(): its cuBLAS products and cache write run
+// over the captured B rows, whose slots past the step are -1 and whose rows past the step are
+// scratch, as in vLLM's padded graphs.
 #if PAGEDATTN_HAS_CUDA
 
 #include "backends/cuda/mla/mla_cuda_backend.h"
@@ -38,8 +47,8 @@ namespace md = mla_decode;
 
 struct CudaMlaMetadata final : MLAMetadata {
   md::DecodeKernel decode_kernel = md::DecodeKernel::mma_16_rows;  // what forward_decode launches
-  int num_parts = 0;
-  bool any_split = false;
+  int num_parts = 0;       // parts launched: the plan's, or every part the builder plans (capture)
+  bool any_split = false;  // launch the combine (always for a capture plan)
   const md::Segment* segments = nullptr;
   const int32_t* part_begin = nullptr;
   const md::RequestSplit* splits = nullptr;
@@ -78,6 +87,25 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     partial_lse_ = Tensor(Shape{max_slots_, config_.num_heads}, DType::f32, Device::cuda);
   }
 
+  // Decode-only batches (every request of query_len 1, or 0 for padding) within the limits.
+  bool can_run_in_cudagraph(const CommonAttentionMetadata& common) const override {
+    return graph_problem(common).empty();
+  }
+  CudaGraphSupport cudagraph_support() const override { return CudaGraphSupport::uniform_single_token_decode; }
+  std::shared_ptr<const AttentionMetadata> build_for_cudagraph_capture(const CommonAttentionMetadata& common) override {
+    const std::string problem = graph_problem(common);
+    PAGEDATTN_CHECK(problem.empty(), "common", kName, " build_for_cudagraph_capture: ", problem);
+    capturing_ = true;
+    try {
+      auto md = build(0, common);
+      capturing_ = false;
+      return md;
+    } catch (...) {
+      capturing_ = false;
+      throw;
+    }
+  }
+
   size_t workspace_bytes() const override {
     return MLACommonMetadataBuilder::workspace_bytes() + plan_.nbytes() + partial_out_.nbytes() + partial_lse_.nbytes();
   }
@@ -97,23 +125,32 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     const md::Plan plan = config_.batch_invariant
                               ? md::make_fixed_plan(m.decode.seq_lens, md::kBatchInvariantSplitTiles, parts)
                               : md::make_plan(m.decode.seq_lens, parts);
-    PAGEDATTN_CHECK(plan.num_parts <= max_parts_ && static_cast<int64_t>(plan.segments.size()) <= max_segments_ &&
+    PAGEDATTN_CHECK(plan.num_parts <= parts && static_cast<int64_t>(plan.segments.size()) <= max_segments_ &&
                         plan.num_partial_slots <= max_slots_,
                     "common", kName, " plan: ", plan.segments.size(), " segments / ", plan.num_partial_slots,
                     " partial slots exceed the builder's capacity (internal error)");
+    // Every part the builder plans gets its range (the parts past the plan's empty) and every
+    // request slot its split (those past the plan's 0: no combine), so a kernel captured over all
+    // parts and requests reads this plan exactly.
     std::fill(staging_.begin(), staging_.end(), uint8_t{0});
-    std::memcpy(staging_.data() + part_begin_offset_, plan.part_begin.data(), plan.part_begin.size() * sizeof(int32_t));
+    auto* part_begin = reinterpret_cast<int32_t*>(staging_.data() + part_begin_offset_);
+    std::copy(plan.part_begin.begin(), plan.part_begin.end(), part_begin);
+    std::fill(part_begin + plan.part_begin.size(), part_begin + parts + 1, static_cast<int32_t>(plan.segments.size()));
     std::memcpy(staging_.data() + segments_offset_, plan.segments.data(), plan.segments.size() * sizeof(md::Segment));
     std::memcpy(staging_.data() + splits_offset_, plan.splits.data(), plan.splits.size() * sizeof(md::RequestSplit));
-    const size_t used = splits_offset_ + plan.splits.size() * sizeof(md::RequestSplit);
-    // Pageable source: the copy is staged before cudaMemcpyAsync returns (staging_ is reusable).
-    const cudaError_t err = cudaMemcpyAsync(plan_.data(), staging_.data(), used, cudaMemcpyHostToDevice,
-                                            static_cast<cudaStream_t>(current_cuda_stream()));
-    PAGEDATTN_CHECK(err == cudaSuccess, "common", kName, " plan upload: ", cudaGetErrorString(err));
+    // Pageable source: each copy is staged before cudaMemcpyAsync returns (staging_ is reusable).
+    const auto upload = [&](size_t offset, size_t bytes) {
+      const cudaError_t err = cudaMemcpyAsync(static_cast<uint8_t*>(plan_.data()) + offset, staging_.data() + offset,
+                                              bytes, cudaMemcpyHostToDevice,
+                                              static_cast<cudaStream_t>(current_cuda_stream()));
+      PAGEDATTN_CHECK(err == cudaSuccess, "common", kName, " plan upload: ", cudaGetErrorString(err));
+    };
+    upload(0, segments_offset_ + plan.segments.size() * sizeof(md::Segment));
+    upload(splits_offset_, staging_.size() - splits_offset_);
     auto* base = static_cast<uint8_t*>(plan_.data());
     m.decode_kernel = decode_kernel_;
-    m.num_parts = plan.num_parts;
-    m.any_split = plan.any_split;
+    m.num_parts = capturing_ ? parts : plan.num_parts;
+    m.any_split = capturing_ || plan.any_split;
     m.part_begin = reinterpret_cast<const int32_t*>(base + part_begin_offset_);
     m.segments = reinterpret_cast<const md::Segment*>(base + segments_offset_);
     m.splits = reinterpret_cast<const md::RequestSplit*>(base + splits_offset_);
@@ -124,6 +161,32 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
 
  private:
   static size_t align16(size_t x) { return (x + 15) / 16 * 16; }
+  // Why a batch cannot be captured or replayed (empty: it can).
+  std::string graph_problem(const CommonAttentionMetadata& common) const {
+    if (common.num_reqs > config_.max_num_seqs) {
+      return detail::concat("num_reqs = ", common.num_reqs, " exceeds the builder's max_num_seqs = ", config_.max_num_seqs);
+    }
+    if (common.max_seq_len > config_.max_model_len) {
+      return detail::concat("max_seq_len = ", common.max_seq_len, " exceeds the builder's max_model_len = ",
+                            config_.max_model_len);
+    }
+    const TensorView& qsl = common.query_start_loc_cpu;
+    const auto start = [&qsl](int r) {
+      return static_cast<int64_t>(load_f64(qsl.data(), qsl.dtype(), r * qsl.stride(0)));
+    };
+    int decodes = 0;
+    for (int r = 0; r < common.num_reqs; ++r) {
+      const int64_t q = start(r + 1) - start(r);
+      if (q > 1) {
+        return detail::concat("request ", r, " has query_len ", q, ": a graph runs uniform batches of single-token "
+                              "decodes (query_len 1, or 0 for padding)");
+      }
+      decodes += q == 1 ? 1 : 0;
+    }
+    if (decodes == 0) return "the batch has no decode (query_len 1) request";
+    return {};
+  }
+  bool capturing_ = false;  // build_for_cudagraph_capture is building
   int max_parts_ = 1;
   int64_t max_segments_ = 0, max_slots_ = 0;  // plan capacity (segments, partial slots)
   md::DecodeKernel decode_kernel_ = md::DecodeKernel::mma_16_rows;  // chosen once, at construction

@@ -1,0 +1,265 @@
+// CUDA_MLA under CUDA graphs: one decode step of an MLA layer (cache write, the W_UK product, the
+// latent decode kernel and its combine, the W_UV product) is captured ONCE on a batch of 8 decodes
+// and replayed with other batches after only a build() per step: other context lengths (one long
+// enough to be split over every part), trailing padding requests (query_len 0, as vLLM pads a
+// graph's batch), padding among the decodes (block-table rows gathered), and a single request.
+// Each replay gets fresh metadata tensors (the capture's are gone) whose slot mapping holds only
+// the step's tokens, so the graph must read the builder's own copies. Each replay is checked
+// against REFERENCE_MLA (the fp64 oracle) doing the same step on a host copy of the cache: every
+// live output row written and within tolerance, the LSE, and the WHOLE cache byte-identical (no
+// padded slot written, every live one written). 16 heads (the mma.sync kernel; bf16 and fp8
+// caches) and 128 heads (the wgmma kernel).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "pagedattn/device.h"
+#include "pagedattn/mla.h"
+
+namespace pagedattn {
+namespace {
+
+using gpu_test::random_host;
+using gpu_test::rel_error;
+
+constexpr int kL = 512, kR = 64, kP = 128, kV = 128;
+constexpr int kBatch = 8, kBlock = 64, kCols = 40, kBlocks = kBatch * kCols + 4;
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// One step: per request (query_len, context_len); query_len 0 = padding.
+using Step = std::vector<std::pair<int, int>>;
+
+CommonAttentionMetadataArgs step_args(const Step& step, std::mt19937_64& rng) {
+  CommonAttentionMetadataArgs a;
+  a.query_start_loc = {0};
+  a.max_num_blocks_per_req = kCols;
+  std::vector<int32_t> blocks(kBlocks);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  for (size_t r = 0; r < step.size(); ++r) {
+    const auto [q, ctx] = step[r];
+    const int seq = q > 0 ? ctx + q : 0;
+    a.query_start_loc.push_back(a.query_start_loc.back() + q);
+    a.seq_lens.push_back(seq);
+    for (int c = 0; c < kCols; ++c) a.block_table.push_back(blocks[(r * kCols + c) % kBlocks]);
+    for (int pos = seq - q; pos < seq; ++pos) {
+      a.slot_mapping.push_back(int64_t{a.block_table[r * kCols + pos / kBlock]} * kBlock + pos % kBlock);
+    }
+  }
+  return a;  // slot_mapping: the step's tokens only (the builder pads its copy with -1)
+}
+
+struct GraphCase {
+  int heads;
+  const char* kv_cache_dtype;
+  std::vector<Step> replays;  // contexts kept short: the fp64 oracle up-projects every key per head
+};
+
+void run_graph_case(const GraphCase& c) {
+  SCOPED_TRACE(detail::concat(c.heads, " heads, kv ", c.kv_cache_dtype));
+  const DType dtype = DType::bf16;
+  const bool fp8 = std::string(c.kv_cache_dtype) != "auto";
+  MLAAttentionLayerParams lp;
+  lp.num_heads = c.heads;
+  lp.kv_lora_rank = kL;
+  lp.qk_nope_head_dim = kP;
+  lp.qk_rope_head_dim = kR;
+  lp.qk_head_dim = kP + kR;
+  lp.v_head_dim = kV;
+  lp.kv_cache_dtype = c.kv_cache_dtype;
+  lp.block_size = kBlock;
+  lp.prefix = "layer.0";
+  lp.dtype = dtype;
+  lp.device = Device::cpu;
+  lp.backend = "REFERENCE_MLA";
+  MLAAttention ref(lp);
+  lp.device = Device::cuda;
+  lp.backend = "CUDA_MLA";
+  MLAAttention dev(lp);
+  for (MLAAttention* layer : {&ref, &dev}) layer->scales().k_scale = fp8 ? 0.05f : 1.f;
+  const Tensor w = random_host(Shape{int64_t{c.heads} * (kP + kV), kL}, dtype, 5, -0.08f, 0.08f);
+  ref.process_weights_after_loading(w);
+  dev.process_weights_after_loading(w.to(Device::cuda));
+
+  // Both caches hold the same stale rows (written through the op, so fp8 bytes are values).
+  Tensor cache_h = ref.allocate_kv_cache(kBlocks);
+  {
+    const int64_t n = int64_t{kBlocks} * kBlock;
+    std::vector<int64_t> all(static_cast<size_t>(n));
+    std::iota(all.begin(), all.end(), 0);
+    Tensor slots(Shape{n}, DType::i64, Device::cpu);
+    std::copy(all.begin(), all.end(), slots.data_as<int64_t>());
+    const Tensor rows = random_host(Shape{n, kL + kR}, dtype, 6, -2.f, 2.f);
+    concat_and_cache_mla(rows.view().narrow(1, 0, kL), rows.view().narrow(1, kL, kR), cache_h, slots,
+                         c.kv_cache_dtype, ref.scales().k_scale);
+  }
+  Tensor cache_d = cache_h.to(Device::cuda);
+
+  const int max_len = kCols * kBlock;
+  auto ref_builder = ref.backend().make_builder(ref.kv_cache_spec(), ref.builder_config(kBatch, 2 * kBatch, max_len),
+                                                Device::cpu);
+  auto dev_builder = dev.backend().make_builder(dev.kv_cache_spec(), dev.builder_config(kBatch, 2 * kBatch, max_len),
+                                                Device::cuda);
+  EXPECT_EQ(dev_builder->cudagraph_support(), CudaGraphSupport::uniform_single_token_decode);
+
+  // The layer's persistent inputs and outputs (fixed addresses, as an engine's graph buffers).
+  Tensor q(Shape{kBatch, c.heads, kP + kR}, dtype, Device::cuda);
+  Tensor kv_c(Shape{kBatch, kL}, dtype, Device::cuda);
+  Tensor k_pe(Shape{kBatch, kR}, dtype, Device::cuda);
+  Tensor out(Shape{kBatch, c.heads, kV}, dtype, Device::cuda);
+  Tensor lse(Shape{c.heads, kBatch}, DType::f32, Device::cuda);
+
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  set_current_cuda_stream(stream);
+  std::mt19937_64 rng(17);
+  uint64_t seed = 100;
+
+  // Runs `step` on the host oracle (cache_h) with the live rows of fresh inputs, which it also
+  // copies into the device buffers; returns the oracle's output and LSE.
+  struct Oracle {
+    Tensor out, lse;
+    int live = 0;
+  };
+  const auto oracle_step = [&](const CommonAttentionMetadataArgs& args) {
+    const OwnedCommonAttentionMetadata common = make_common_attention_metadata(args, Device::cpu, kBlocks, kBlock);
+    const int live = common.common.num_actual_tokens;
+    const Tensor q_h = random_host(Shape{kBatch, c.heads, kP + kR}, dtype, seed++);
+    const Tensor c_h = random_host(Shape{kBatch, kL}, dtype, seed++);
+    const Tensor pe_h = random_host(Shape{kBatch, kR}, dtype, seed++);
+    q.copy_from(q_h);
+    kv_c.copy_from(c_h);
+    k_pe.copy_from(pe_h);
+    Oracle o{Tensor(Shape{live, c.heads, kV}, dtype, Device::cpu), Tensor(Shape{c.heads, live}, DType::f32, Device::cpu),
+             live};
+    const auto md = ref_builder->build(0, common.common);
+    ref.forward(q_h.view().narrow(0, 0, live), c_h.view().narrow(0, 0, live), pe_h.view().narrow(0, 0, live), cache_h,
+                *md, o.out, o.lse);
+    return o;
+  };
+
+  // Capture on a full batch of decodes, after one eager run of the same step (lazy cuBLAS and
+  // kernel state must exist before a capture); the oracle mirrors that eager step.
+  const Step capture_step = {{1, 10}, {1, 60}, {1, 33}, {1, 64}, {1, 100}, {1, 1}, {1, 29}, {1, 90}};
+  const CommonAttentionMetadataArgs capture_args = step_args(capture_step, rng);
+  const OwnedCommonAttentionMetadata capture_common =
+      make_common_attention_metadata(capture_args, Device::cuda, kBlocks, kBlock);
+  EXPECT_TRUE(dev_builder->can_run_in_cudagraph(capture_common.common));
+  auto capture_md = dev_builder->build_for_cudagraph_capture(capture_common.common);
+  (void)oracle_step(capture_args);
+  dev.forward(q, kv_c, k_pe, cache_d, *capture_md, out, lse);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  dev.forward(q, kv_c, k_pe, cache_d, *capture_md, out, lse);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  const std::vector<Step>& steps = c.replays;
+  for (size_t si = 0; si < steps.size(); ++si) {
+    SCOPED_TRACE(detail::concat("replay ", si));
+    const CommonAttentionMetadataArgs args = step_args(steps[si], rng);
+    const Oracle want = oracle_step(args);
+    const int live = want.live;
+    {
+      // Fresh device metadata, gone before the replay runs: the graph reads the builder's copies.
+      const OwnedCommonAttentionMetadata common = make_common_attention_metadata(args, Device::cuda, kBlocks, kBlock);
+      EXPECT_TRUE(dev_builder->can_run_in_cudagraph(common.common));
+      out.fill_bytes(0xFF);
+      lse.fill_bytes(0xFF);
+      (void)dev_builder->build(0, common.common);
+      CUDA_OK(cudaStreamSynchronize(stream));
+    }
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const Tensor got = out.to(Device::cpu);
+    const Tensor got_lse = lse.to(Device::cpu);
+    const TensorView got_live = got.view().narrow(0, 0, live);
+    for (int64_t i = 0; i < got_live.numel(); ++i) {
+      ASSERT_TRUE(std::isfinite(load_f64(got_live.data(), dtype, i))) << "output element " << i << " not written";
+    }
+    EXPECT_LE(rel_error(got_live, want.out), fp8 ? 6e-2 : 8e-3);
+    double lse_err = 0;
+    for (int h = 0; h < c.heads; ++h) {
+      for (int t = 0; t < live; ++t) {
+        lse_err = std::max(lse_err, std::abs(double(got_lse.data_as<float>()[h * kBatch + t]) -
+                                             want.lse.data_as<float>()[h * live + t]));
+      }
+    }
+    EXPECT_LT(lse_err, fp8 ? 5e-2 : 2e-2);
+    const Tensor cache_back = cache_d.to(Device::cpu);
+    EXPECT_EQ(std::memcmp(cache_back.data(), cache_h.data(), cache_h.nbytes()), 0)
+        << "the cache differs from the oracle's: a padded slot was written or a live one was not";
+  }
+
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  set_current_cuda_stream(nullptr);
+  cudaStreamDestroy(stream);
+}
+
+// The replays: other lengths (a request split over many parts: at 16 heads every SM is a part,
+// so a few hundred keys are cut), trailing padding (vLLM's padded graph batches), padding among
+// the decodes (rows gathered), a single request.
+const Step kOtherLengths = {{1, 700}, {1, 5}, {1, 17}, {1, 300}, {1, 1}, {1, 129}, {1, 64}, {1, 250}};
+const Step kTrailingPadding = {{1, 33}, {1, 400}, {1, 2}, {1, 77}, {1, 200}, {0, 0}, {0, 0}, {0, 0}};
+const Step kPaddingAmong = {{1, 90}, {0, 0}, {1, 130}, {1, 7}, {0, 0}, {1, 200}, {0, 0}, {0, 0}};
+const Step kOneRequest = {{1, 900}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}};
+
+TEST(CudaMlaGraph, CaptureOnceReplayOtherDecodeBatches) {
+  PAGEDATTN_REQUIRE_GPU();
+  const char* small = std::getenv("PAGEDATTN_GPU_SMALL_GRID");  // the sanitizer runs
+  if (small != nullptr && *small == '1') {
+    run_graph_case({16, "auto", {kTrailingPadding, kPaddingAmong}});
+    return;
+  }
+  run_graph_case({16, "auto", {kOtherLengths, kTrailingPadding, kPaddingAmong, kOneRequest}});
+  run_graph_case({16, "fp8_e4m3", {kTrailingPadding, kPaddingAmong, kOneRequest}});
+  run_graph_case({128, "auto", {kPaddingAmong, {{1, 300}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}}}});
+}
+
+// Only uniform single-token decode batches are captured: a prefill (query_len > 1) is refused by
+// build_for_cudagraph_capture with an Error naming common, as is a batch of padding only.
+TEST(CudaMlaGraph, CaptureRefusesOtherBatches) {
+  PAGEDATTN_REQUIRE_GPU();
+  MLAAttentionLayerParams lp;
+  lp.num_heads = 16;
+  lp.kv_lora_rank = kL;
+  lp.qk_nope_head_dim = kP;
+  lp.qk_rope_head_dim = kR;
+  lp.qk_head_dim = kP + kR;
+  lp.v_head_dim = kV;
+  lp.block_size = kBlock;
+  lp.prefix = "layer.0";
+  lp.dtype = DType::bf16;
+  lp.device = Device::cuda;
+  lp.backend = "CUDA_MLA";
+  MLAAttention dev(lp);
+  auto builder = dev.backend().make_builder(dev.kv_cache_spec(), dev.builder_config(kBatch, 64, kCols * kBlock),
+                                            Device::cuda);
+  std::mt19937_64 rng(3);
+  for (const Step& step : {Step{{1, 20}, {5, 40}}, Step{{0, 0}, {0, 0}}}) {
+    const OwnedCommonAttentionMetadata common =
+        make_common_attention_metadata(step_args(step, rng), Device::cuda, kBlocks, kBlock);
+    EXPECT_FALSE(builder->can_run_in_cudagraph(common.common));
+    try {
+      (void)builder->build_for_cudagraph_capture(common.common);
+      ADD_FAILURE() << "expected an Error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "common") << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagedattn
