@@ -8,6 +8,8 @@
 //               Peak/paged_read      loads-only read of the Decode/16x4k cache in its page
 //                                    order (whole pages, K then V, two pages prefetched ahead):
 //                                    the floor of a scattered decode read (paged_read% below)
+//               Peak/paged_read_fp8  the same probe on the Decode/16x4k_fp8 cache (1-byte
+//                                    elements: pages half the size; paged_read% of fp8 rows)
 //               Peak/fma_f32         f32 FMA rate at the width of the path that runs (8 lanes on
 //                                    avx2 / scalar, 16 on avx512f / avx512 / amx), all threads
 //               Peak/dpbf16          vdpbf16ps rate (AVX-512 BF16, all threads; only where the
@@ -19,7 +21,8 @@
 //   avx512, else the f32 FMA rate.
 //   path      the kernel path (PAGEDATTN_CPU_ISA or the best)
 // Shapes: Llama-3-8B attention (Hq 32, Hkv 8, D 128, bf16 unless _f16, block 16, NHD, shuffled
-// pages).
+// pages; _fp8: bf16 activations over an fp8 e4m3 cache, kv_cache_dtype "fp8_e4m3", scales 1,
+// random finite codes of magnitude < 1).
 //   Prefill/…    1x2048 and 4x1024 new tokens, causal, no context
 //   Decode/B/C   batch B (1, 16, 64) x context C (1k, 4k, 16k), one new token each
 //   Mixed        one 512-token chunk over 1536 cached + 32 decodes over 2k
@@ -56,14 +59,14 @@ using namespace pagedattn::bench;  // cpu_peaks.h
 
 // ---- measured peaks -------------------------------------------------------------------------
 struct Peaks {
-  double copy_gbs = 0, read_gbs = 0, paged_read_gbs = 0, fma_gflops = 0, dpbf16_gflops = 0,
-         amx_gflops = 0;
+  double copy_gbs = 0, read_gbs = 0, paged_read_gbs = 0, paged_read_fp8_gbs = 0, fma_gflops = 0,
+         dpbf16_gflops = 0, amx_gflops = 0;
 };
 Peaks g_peaks;
 
-enum class PeakKind { copy, read, paged_read, fma, dpbf16, amx };
+enum class PeakKind { copy, read, paged_read, paged_read_fp8, fma, dpbf16, amx };
 
-double measure_paged_read();  // below (needs the decode step)
+double measure_paged_read(DType kv_dtype);  // below (needs the decode step)
 
 void BM_Peak(benchmark::State& state, PeakKind which) {
   double value = 0;
@@ -73,14 +76,20 @@ void BM_Peak(benchmark::State& state, PeakKind which) {
     switch (which) {
       case PeakKind::copy: value = g_peaks.copy_gbs = measure_bandwidth_gbs(false); break;
       case PeakKind::read: value = g_peaks.read_gbs = measure_bandwidth_gbs(true); break;
-      case PeakKind::paged_read: value = g_peaks.paged_read_gbs = measure_paged_read(); break;
+      case PeakKind::paged_read:
+        value = g_peaks.paged_read_gbs = measure_paged_read(DType::bf16);
+        break;
+      case PeakKind::paged_read_fp8:
+        value = g_peaks.paged_read_fp8_gbs = measure_paged_read(DType::fp8_e4m3);
+        break;
       case PeakKind::fma: value = g_peaks.fma_gflops = measure_fma_gflops(wide ? 16 : 8); break;
       case PeakKind::dpbf16: value = g_peaks.dpbf16_gflops = measure_dpbf16_gflops(); break;
       case PeakKind::amx: value = g_peaks.amx_gflops = measure_amx_gflops(); break;
     }
   }
   const bool bandwidth =
-      which == PeakKind::copy || which == PeakKind::read || which == PeakKind::paged_read;
+      which == PeakKind::copy || which == PeakKind::read || which == PeakKind::paged_read ||
+      which == PeakKind::paged_read_fp8;
   state.counters[bandwidth ? "GB/s" : "GFLOP/s"] = value;
   state.counters["threads"] = omp_get_max_threads();
   if (which == PeakKind::fma) state.SetLabel(wide ? "16 lanes" : "8 lanes");
@@ -99,7 +108,8 @@ struct AttentionStep {
   OwnedCommonAttentionMetadata common;
   std::shared_ptr<const AttentionMetadata> metadata;
   LayerScales scales;
-  DType dtype = DType::bf16;
+  DType dtype = DType::bf16;     // activations
+  DType kv_dtype = DType::bf16;  // cache storage
   double flops = 0, bytes = 0;
 
   void run() {
@@ -109,8 +119,27 @@ struct AttentionStep {
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kBlock = 16;
 
+// Fills an fp8 e4m3 tensor with random finite codes of magnitude < 1 (exponent field < 7).
+void fill_random_e4m3(Tensor& t, uint64_t seed) {
+  std::vector<uint8_t> pattern(size_t{1} << 20);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  for (auto& v : pattern) {
+    const uint32_t x = rng();
+    v = static_cast<uint8_t>((x & 0x80) | ((x >> 8) % 0x38));
+  }
+  auto* data = static_cast<uint8_t*>(t.data());
+  const size_t n = t.nbytes();
+  for (size_t begin = 0; begin < n; begin += pattern.size()) {
+    std::memcpy(data + begin, pattern.data(), std::min(pattern.size(), n - begin));
+  }
+}
+
 // Fills a 16-bit float tensor with a repeated 1 MiB block of random values in [-1, 1).
 void fill_random(Tensor& t, uint64_t seed) {
+  if (t.dtype() == DType::fp8_e4m3) {
+    fill_random_e4m3(t, seed);
+    return;
+  }
   const size_t pattern_elems = size_t{1} << 19;
   std::vector<uint16_t> pattern(pattern_elems);
   std::mt19937 rng(static_cast<uint32_t>(seed));
@@ -129,15 +158,18 @@ void fill_random(Tensor& t, uint64_t seed) {
 
 std::unique_ptr<AttentionStep> make_step(const AttentionBackend& backend,
                                          const std::vector<RequestShape>& batch,
-                                         DType dtype = DType::bf16) {
+                                         DType dtype = DType::bf16, DType kv_dtype = DType::bf16) {
   auto step = std::make_unique<AttentionStep>();
+  if (kv_dtype == DType::bf16) kv_dtype = dtype;  // "auto": the activation dtype
   step->dtype = dtype;
+  step->kv_dtype = kv_dtype;
   AttentionImplParams params;
   params.num_heads = kHq;
   params.num_kv_heads = kHkv;
   params.head_size = kD;
   params.scale = 1.f / std::sqrt(static_cast<float>(kD));
   params.dtype = dtype;
+  if (kv_dtype == DType::fp8_e4m3) params.kv_cache_dtype = "fp8_e4m3";
   params.block_size = kBlock;
   step->impl = backend.make_impl(params);
 
@@ -158,9 +190,9 @@ std::unique_ptr<AttentionStep> make_step(const AttentionBackend& backend,
   config.max_num_batched_tokens = std::max(8192, num_tokens);
   config.max_model_len = std::max(max_seq, 8192);
   step->builder = backend.make_builder(
-      KVCacheSpec::full_attention(kBlock, kHkv, kD, dtype), config, Device::cpu);
+      KVCacheSpec::full_attention(kBlock, kHkv, kD, kv_dtype), config, Device::cpu);
 
-  step->cache = backend.allocate_kv_cache(total_blocks, kBlock, kHkv, kD, dtype, Device::cpu);
+  step->cache = backend.allocate_kv_cache(total_blocks, kBlock, kHkv, kD, kv_dtype, Device::cpu);
   // The cache (>= 32 MiB) is on transparent huge pages: the host allocator advises them.
   fill_random(step->cache, 1);
   std::vector<int32_t> block_ids(total_blocks);
@@ -185,7 +217,7 @@ std::unique_ptr<AttentionStep> make_step(const AttentionBackend& backend,
       step->flops += 4.0 * keys * kD * kHq;
     }
     // K and V, read once per (request, kv head)
-    step->bytes += 2.0 * seq * kHkv * kD * static_cast<double>(dtype_size(dtype));
+    step->bytes += 2.0 * seq * kHkv * kD * static_cast<double>(dtype_size(kv_dtype));
   }
   step->bytes += 2.0 * num_tokens * kHq * kD * static_cast<double>(dtype_size(dtype));  // Q, O
   step->common = make_common_attention_metadata(args, Device::cpu, total_blocks, kBlock);
@@ -219,15 +251,18 @@ void report(benchmark::State& state, const AttentionStep& step, const char* path
     state.counters["copy_bw%"] = benchmark::Counter(
         100.0 * step.bytes * iterations / (g_peaks.copy_gbs * 1e9), benchmark::Counter::kIsRate);
   }
-  if (g_peaks.paged_read_gbs > 0) {
+  const double paged_read_gbs =
+      dtype_size(step.kv_dtype) == 1 ? g_peaks.paged_read_fp8_gbs : g_peaks.paged_read_gbs;
+  if (paged_read_gbs > 0) {
     state.counters["paged_read%"] = benchmark::Counter(
-        100.0 * step.bytes * iterations / (g_peaks.paged_read_gbs * 1e9),
+        100.0 * step.bytes * iterations / (paged_read_gbs * 1e9),
         benchmark::Counter::kIsRate);
   }
 }
 
-void BM_Cpu(benchmark::State& state, std::vector<RequestShape> batch, DType dtype) {
-  auto step = make_step(cpu_backend(), batch, dtype);
+void BM_Cpu(benchmark::State& state, std::vector<RequestShape> batch, DType dtype,
+            DType kv_dtype) {
+  auto step = make_step(cpu_backend(), batch, dtype, kv_dtype);
   step->run();  // warm-up (first touch of scratch)
   for (auto _ : state) {
     step->run();
@@ -292,9 +327,9 @@ std::vector<RequestShape> decode_batch(int batch, int context) {
   return std::vector<RequestShape>(static_cast<size_t>(batch), RequestShape{context, 1});
 }
 
-// Peak/paged_read: the loads-only rate of the Decode/16x4k cache in its page order.
-double measure_paged_read() {
-  auto step = make_step(cpu_backend(), decode_batch(16, 4096));
+// Peak/paged_read(_fp8): the loads-only rate of the Decode/16x4k(_fp8) cache in its page order.
+double measure_paged_read(DType kv_dtype) {
+  auto step = make_step(cpu_backend(), decode_batch(16, 4096), DType::bf16, kv_dtype);
   const TensorView cache = step->cache.view();  // (2, blocks, block_size, Hkv, D), dense
   const int64_t elem = static_cast<int64_t>(dtype_size(step->cache.dtype()));
   const char* base = static_cast<const char*>(step->cache.data());
@@ -313,12 +348,14 @@ void register_all() {
   peak("Peak/copy_bandwidth", PeakKind::copy);
   peak("Peak/read_bandwidth", PeakKind::read);
   peak("Peak/paged_read", PeakKind::paged_read);
+  peak("Peak/paged_read_fp8", PeakKind::paged_read_fp8);
   peak("Peak/fma_f32", PeakKind::fma);
   if (has_avx512bf16()) peak("Peak/dpbf16", PeakKind::dpbf16);
   if (cpu::isa_supported(cpu::Isa::amx)) peak("Peak/amx_bf16", PeakKind::amx);
   const auto cpu = [](const std::string& name, std::vector<RequestShape> batch,
-                      DType dtype = DType::bf16) {
-    benchmark::RegisterBenchmark(("CPU/" + name).c_str(), BM_Cpu, std::move(batch), dtype)
+                      DType dtype = DType::bf16, DType kv_dtype = DType::bf16) {
+    benchmark::RegisterBenchmark(("CPU/" + name).c_str(), BM_Cpu, std::move(batch), dtype,
+                                 kv_dtype)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime()
         ->MinTime(0.5);
@@ -328,6 +365,11 @@ void register_all() {
   // f16 activations run the f32 FMA path (no bf16 dot product): the AVX-512 fp32 kernels.
   cpu("Prefill/1x2048_f16", {{0, 2048}}, DType::f16);
   cpu("Decode/16x4k_f16", decode_batch(16, 4096), DType::f16);
+  // bf16 activations over an fp8 e4m3 cache (the widening of e4m3 is the kernels' cost here).
+  cpu("Decode/16x4k_fp8", decode_batch(16, 4096), DType::bf16, DType::fp8_e4m3);
+  cpu("Decode/64x4k_fp8", decode_batch(64, 4096), DType::bf16, DType::fp8_e4m3);
+  cpu("Decode/8x2k_fp8", decode_batch(8, 2048), DType::bf16, DType::fp8_e4m3);
+  cpu("Decode/8x2k", decode_batch(8, 2048));
   for (int batch : {1, 16, 64}) {
     for (int context : {1024, 4096, 16384}) {
       cpu("Decode/" + std::to_string(batch) + "x" + std::to_string(context / 1024) + "k",

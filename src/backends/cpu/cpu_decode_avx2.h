@@ -16,8 +16,9 @@
 //   e4m3   the sign-extended byte << 7 with bits 15, 13..7 kept is the f16 of value / 256
 //          (normal and subnormal codes alike; the 256 folds into the logit scale and the output
 //          normalisation: key_factor, value_factor). Its NaN code S.1111.111 would read as a finite
-//          f16, so each (chunk, head) first checks its K and V rows for it and takes the NaN-exact
-//          conversion (a blend) when one is there.
+//          f16, so each (chunk, head) checks its K and V rows for it after the first row block's
+//          Q·Kᵀ (rows_of: the rows are in L1 or on their way then) and, when one is there, is
+//          computed again from the start with the NaN-exact conversion (a blend).
 // Tiling per (chunk of 16 keys, KV head), rows (query heads x query tokens) in blocks of R <= 4:
 //   S = Q·Kᵀ  key pairs (2i, 2i+1): per group, the two K rows widened once, times the R query rows
 //             (f32, loaded from L1) into 2R ymm accumulators; vhaddps folds each pair into scratch,
@@ -35,6 +36,10 @@
 // Precision: exact conversions to f32 (as the AVX2 tile kernel), f32 FMA accumulation, P in f32,
 // one rounding at the output.
 #pragma once
+
+#include <cpuid.h>
+
+#include <cstring>
 
 #include "cpu_avx2_ops.h"
 #include "cpu_decode_direct.h"
@@ -64,35 +69,57 @@ __attribute__((always_inline)) inline void widen16(const char* src, __m256& lo, 
     hi = Vec256::load_f32<DT>(src, 8);
   } else {
     static_assert(DT == DType::fp8_e4m3);
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    const __m128i s0 = _mm_cvtepi8_epi16(x);
-    const __m128i s1 = _mm_cvtepi8_epi16(_mm_unpackhi_epi64(x, x));
-    const __m128i keep = _mm_set1_epi16(static_cast<short>(0xBF80));
-    lo = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(s0, 7), keep));
-    hi = _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(s1, 7), keep));
-    if constexpr (kNanSafe) {
-      const __m128i m7f = _mm_set1_epi16(0x7F);
-      const __m256 nan = _mm256_set1_ps(__builtin_nanf(""));
-      const __m256i n0 = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(_mm_and_si128(s0, m7f), m7f));
-      const __m256i n1 = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(_mm_and_si128(s1, m7f), m7f));
-      lo = _mm256_blendv_ps(lo, nan, _mm256_castsi256_ps(n0));
-      hi = _mm256_blendv_ps(hi, nan, _mm256_castsi256_ps(n1));
+    // All 16 bytes sign-extended to words in one ymm; the f16 bit patterns (value / 256) are
+    // built on the ymm, then each half converted.
+    const __m256i s =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    __m256i h = _mm256_and_si256(_mm256_slli_epi16(s, 7),
+                                 _mm256_set1_epi16(static_cast<short>(0xBF80)));
+    if constexpr (kNanSafe) {  // the NaN code's words become an f16 NaN
+      const __m256i m7f = _mm256_set1_epi16(0x7F);
+      h = _mm256_blendv_epi8(h, _mm256_set1_epi16(0x7E00),
+                             _mm256_cmpeq_epi16(_mm256_and_si256(s, m7f), m7f));
     }
+    lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
   }
 }
 
-// Whether one of n rows (stride bytes apart) of d fp8 e4m3 values holds the NaN code.
-inline bool e4m3_rows_have_nan(const char* rows, int64_t stride, int n, int d) {
-  const __m128i m7f = _mm_set1_epi8(0x7F);
-  __m128i any = _mm_setzero_si128();
+// Whether one of the n K rows or n V rows (k_stride, v_stride bytes apart) of d fp8 e4m3 values
+// (d a multiple of 16) holds the NaN code S.1111.111: the largest value of x & 0x7F, so a running
+// unsigned byte max of x & 0x7F reaches 0x7F exactly when one is there. kD: d when known at
+// compile time (the loop then unrolled), else 0.
+template <int kD>
+__attribute__((always_inline)) inline bool e4m3_rows_have_nan_d(const char* k, int64_t k_stride,
+                                                                const char* v, int64_t v_stride,
+                                                                int n, int d_runtime) {
+  const int d = kD > 0 ? kD : d_runtime;
+  const __m256i m7f = _mm256_set1_epi8(0x7F);
+  __m256i mk = _mm256_setzero_si256(), mv = _mm256_setzero_si256();
+  const auto load = [&](const char* p, int bytes) {  // 32 or 16 bytes, the rest zero
+    return bytes == 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                       : _mm256_inserti128_si256(
+                             _mm256_setzero_si256(),
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), 0);
+  };
   for (int t = 0; t < n; ++t) {
-    const char* row = rows + t * stride;
-    for (int j = 0; j < d; j += 16) {
-      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + j));
-      any = _mm_or_si128(any, _mm_cmpeq_epi8(_mm_and_si128(x, m7f), m7f));
+    const char* kr = k + t * k_stride;
+    const char* vr = v + t * v_stride;
+#pragma GCC unroll 8
+    for (int j = 0; j < d; j += 32) {
+      const int bytes = d - j >= 32 ? 32 : 16;
+      mk = _mm256_max_epu8(mk, _mm256_and_si256(load(kr + j, bytes), m7f));
+      mv = _mm256_max_epu8(mv, _mm256_and_si256(load(vr + j, bytes), m7f));
     }
   }
-  return !_mm_testz_si128(any, any);
+  const __m256i hit = _mm256_cmpeq_epi8(_mm256_max_epu8(mk, mv), m7f);
+  return !_mm256_testz_si256(hit, hit);
+}
+
+inline bool e4m3_rows_have_nan(const char* k, int64_t k_stride, const char* v, int64_t v_stride,
+                               int n, int d) {
+  if (d == 128) return e4m3_rows_have_nan_d<128>(k, k_stride, v, v_stride, n, d);
+  return e4m3_rows_have_nan_d<0>(k, k_stride, v, v_stride, n, d);
 }
 
 // 0, computed from x (see zero_after_bits).
@@ -100,23 +127,49 @@ inline int64_t zero_after(__m256 x) {
   return zero_after_bits(_mm_cvtsi128_si32(_mm_castps_si128(_mm256_castps256_ps128(x))));
 }
 
-// The prefetches of key pair tp, into L1: this head's V rows 2tp, 2tp + 1 (read by P·V right after
-// the loop) and the K rows kAvx2KeyLookahead keys ahead, running on into the next head's rows. A
-// head's K rows sit a token stride apart (2 KiB in an NHD page), which the L1 streamer does not
-// follow: without the lookahead Q·Kᵀ waited on each of them from L2 (the loop alone on L2-resident
-// rows: 1489 -> 853 cycles per (chunk, head)). Unlike the AVX-512 kernel this one issues no L2
-// prefetches of the chunks ahead (the driver's plan): on the AVX2 machine measured the hardware
-// prefetchers kept up without them and the prefetch instructions cost 12-16% of decode 16x4k
-// (docs/perf/cpu.md).
-constexpr int kAvx2KeyLookahead = 4;
+// The prefetches of key pair tp (Avx2PrefetchPlan), into L1: this head's V rows 2tp, 2tp + 1 (read
+// by P·V right after the loop) and the K rows key_lookahead keys ahead, running on into the next
+// head's rows. A head's K rows sit a token stride apart (2 KiB in an NHD page), which the L1
+// streamer does not follow: without the lookahead Q·Kᵀ waited on each of them from L2 (the loop
+// alone on L2-resident rows: 1489 -> 853 cycles per (chunk, head)). Into L2, where the plan says
+// so: the pair's part of the head's share of the chunk kDirectPrefetchChunks ahead (the driver's
+// plan, as the AVX-512 kernel).
+struct Avx2PrefetchPlan {
+  bool l2 = false;        // the L2 prefetches of the chunks ahead
+  int key_lookahead = 4;  // keys between a K row's L1 prefetch and its use (<= kDirectChunk)
+};
 
-// k: this head's K rows of the chunk.
+// The plan for this CPU, from its CPUID vendor string (read once). Measured (docs/perf/cpu.md):
+// on the Intel AVX2 machine the hardware prefetchers kept up without L2 prefetches (decode was
+// faster without them) and a 4-key lookahead was enough; on the AMD machine, without them Q·Kᵀ
+// waited on its K rows from DRAM, and an 8-key lookahead was faster than 4.
+inline Avx2PrefetchPlan avx2_prefetch_plan() {
+  static const Avx2PrefetchPlan plan = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return Avx2PrefetchPlan{};
+    char vendor[13] = {};
+    std::memcpy(vendor, &ebx, 4);
+    std::memcpy(vendor + 4, &edx, 4);
+    std::memcpy(vendor + 8, &ecx, 4);
+    const bool amd =
+        std::strcmp(vendor, "AuthenticAMD") == 0 || std::strcmp(vendor, "HygonGenuine") == 0;
+    return amd ? Avx2PrefetchPlan{true, 8} : Avx2PrefetchPlan{};
+  }();
+  return plan;
+}
+
+// k: this head's K rows of the chunk; l2_bytes: 2 rows where the plan prefetches into L2, else 0.
 __attribute__((always_inline)) inline void avx2_prefetch_pair(const DirectPrefetch& pf,
-                                                              const char* k, int tp, int64_t pace) {
+                                                              const char* k, int tp, int64_t pace,
+                                                              int64_t l2_bytes, int lookahead) {
   const char* l1_v = pf.l1_v + (2 * tp) * pf.v_stride + pace;
-  const int j = 2 * tp + kAvx2KeyLookahead;  // the next K rows: this head's, then the next head's
+  const int j = 2 * tp + lookahead;  // the next K rows: this head's, then the next head's
   const char* l1_k = (j < kDirectChunk ? k + j * pf.k_stride
                                        : pf.l1_k + (j - kDirectChunk) * pf.k_stride) + pace;
+  const char* l2_k = pf.l2_k + tp * 2 * pf.row_bytes + pace;
+  const char* l2_v = pf.l2_v + tp * 2 * pf.row_bytes + pace;
+  for (int64_t l = 0; l < l2_bytes; l += 64) __builtin_prefetch(l2_k + l, 0, 2);
+  for (int64_t l = 0; l < l2_bytes; l += 64) __builtin_prefetch(l2_v + l, 0, 2);
   for (int64_t l = 0; l < pf.row_bytes; l += 64) {
     __builtin_prefetch(l1_v + l, 0, 3);
     __builtin_prefetch(l1_v + pf.v_stride + l, 0, 3);
@@ -142,6 +195,8 @@ __attribute__((always_inline)) inline void avx2_qk(const float* q, int d, const 
   DirectPrefetch pf;
   if (prefetch) pf = *prefetch_into;
   const char* zero = reinterpret_cast<const char*>(kZeroRow);
+  const Avx2PrefetchPlan plan = avx2_prefetch_plan();
+  const int64_t l2_bytes = plan.l2 ? 2 * pf.row_bytes : 0;
   for (int tp = 0; tp < kDirectChunk / 2; ++tp) {
     const char* ka = kFull || 2 * tp < live ? k + (2 * tp) * k_stride : zero;
     const char* kb = kFull || 2 * tp + 1 < live ? k + (2 * tp + 1) * k_stride : zero;
@@ -168,7 +223,7 @@ __attribute__((always_inline)) inline void avx2_qk(const float* q, int d, const 
     }
     // [a01, a23, b01, b23 | a45, a67, b45, b67] (sums of adjacent lanes)
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(red + (r * 8 + tp) * 8, _mm256_hadd_ps(a[r], b[r]));
-    if (prefetch) avx2_prefetch_pair(pf, k, tp, zero_after(b[0]));
+    if (prefetch) avx2_prefetch_pair(pf, k, tp, zero_after(b[0]), l2_bytes, plan.key_lookahead);
   }
   for (int r = 0; r < R; ++r) {
     const float* x = red + r * 64;
@@ -331,12 +386,15 @@ struct DirectAvx2 {
     }
   }
 
-  template <DType DT, bool kNanSafe, bool kFull>
-  static void rows_of(const ItemContext& c, float* lsum, float* red, int row0, int rows,
+  // Returns false, having changed nothing but scratch, when kCheckNan and one of the chunk's
+  // live K or V rows holds the e4m3 NaN code (the caller then runs the NaN-safe widening).
+  template <DType DT, bool kNanSafe, bool kFull, bool kCheckNan = false>
+  static bool rows_of(const ItemContext& c, float* lsum, float* red, int row0, int rows,
                       const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
                       int live, const DirectPrefetch& pf) {
     const int d = c.head_size, dv = c.head_size_v;
-    for (int rb = 0; rb < rows; rb += kDirectRowBlock) {
+    bool nan_code = false;
+    for (int rb = 0; rb < rows && !nan_code; rb += kDirectRowBlock) {
       const int i = row0 + rb;
       with_static_int<kDirectRowBlock>(imin(kDirectRowBlock, rows - rb), [&](auto rr) {
         constexpr int R = decltype(rr)::value;
@@ -344,6 +402,16 @@ struct DirectAvx2 {
         avx2_qk<DT, kNanSafe, R, kFull>(static_cast<const float*>(c.q) + static_cast<size_t>(i) * d,
                                         d, k, k_stride, live, red, logits,
                                         rb == 0 ? &pf : nullptr);  // prefetch once per head
+        if constexpr (kCheckNan) {
+          // After the first block's Q·Kᵀ, before anything but scratch is written: the K rows
+          // are in L1 (just read) and the V rows on their way (prefetched by the loop), so the
+          // check costs no wait of its own for K, where a pass ahead of Q·Kᵀ took the misses of
+          // both.
+          if (rb == 0 && e4m3_rows_have_nan(k, k_stride, v, v_stride, live, d)) {
+            nan_code = true;
+            return;
+          }
+        }
         float* o = c.o + static_cast<size_t>(i) * dv;
         if (avx2_direct_softmax(c, lsum, i, R, logits, t0)) {  // rare (lazy max): O *= alpha
           for (int r = 0; r < R; ++r) {
@@ -358,6 +426,7 @@ struct DirectAvx2 {
             v_stride, live, c.lo + i, c.hi + i, t0);
       });
     }
+    return !nan_code;
   }
 
   template <bool kFull>
@@ -378,13 +447,10 @@ struct DirectAvx2 {
                                                t0, live, pf);
         break;
       default:  // fp8_e4m3 (direct_decode_avx2_applies): the NaN-exact widening where needed
-        if (e4m3_rows_have_nan(k, k_stride, live, c.head_size) ||
-            e4m3_rows_have_nan(v, v_stride, live, c.head_size_v)) {
+        if (!rows_of<DType::fp8_e4m3, false, kFull, true>(c, lsum, red, row0, rows, k, k_stride,
+                                                          v, v_stride, t0, live, pf)) {
           rows_of<DType::fp8_e4m3, true, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride,
                                                 t0, live, pf);
-        } else {
-          rows_of<DType::fp8_e4m3, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v,
-                                                 v_stride, t0, live, pf);
         }
         break;
     }
