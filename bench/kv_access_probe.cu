@@ -17,7 +17,8 @@
 // Build: the kv_access_probe target (bench/CMakeLists.txt), or
 //        nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a bench/kv_access_probe.cu
 // Run:   kv_access_probe   (TB/s of KV bytes per pattern, beside a device-to-device copy);
-//        PROBE_PIPELINE_ONLY=1 stops after the pipeline section.
+//        PROBE_PIPELINE_ONLY=1 stops after the pipeline section, PROBE_PATTERNS_ONLY=1 skips it;
+//        build with -DPROBE_D=N for rows of N 16-bit elements (default 128).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,7 +39,12 @@
 
 namespace {
 
-constexpr int kD = 128;
+// Elements of a 16-bit row; -DPROBE_D=N for other row sizes (an fp8 row of D bytes is a 16-bit
+// row of D / 2: PROBE_D=32 probes fp8 d 64, 64 fp8 d 128).
+#ifndef PROBE_D
+#define PROBE_D 128
+#endif
+constexpr int kD = PROBE_D;
 constexpr int kChunksPerRow = kD * 2 / 16;
 constexpr int kBlockSize = 16;
 
@@ -347,7 +353,7 @@ int main() {
   CHECK(cudaFree(dst));
   std::printf("device copy: %.3f TB/s (read + write), %d SMs\n", copy_tbps, sms);
 
-  {
+  if (std::getenv("PROBE_PATTERNS_ONLY") == nullptr) {
     const PipeConfig pipes[] = {
         {"T=64 3 stages", 64, 3, pipeline_probe<64, 3, false>},
         {"T=64 3 stages split", 64, 3, pipeline_probe<64, 3, true>},

@@ -75,6 +75,7 @@ AttentionKernelInfo paged_attention_kernel_info() {
   configure_kernel<D, T, kFp8, kVariant>();
   info.smem_bytes = V::kSmemBytes;
   info.rows_prefill = AttentionTraits<D, T, kFp8>::kPrefillRows;
+  info.decode_step_tiles = AttentionTraits<D, T, kFp8>::kDecodeStepTiles;
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_kernel<D, T, kFp8, kVariant>,
                                                 kThreadsPerCta, V::kSmemBytes);
   check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_kernel)");
@@ -90,6 +91,7 @@ AttentionKernelInfo attention_kernel_info_for(AttentionKernel kernel) {
         configure_decode_kernel<D, T, kFp8>();
         info.smem_bytes = DecodeKernelTraits<D, T, kFp8>::kSmemBytes;
         info.rows_prefill = AttentionTraits<D, T, kFp8>::kPrefillRows;
+        info.decode_step_tiles = AttentionTraits<D, T, kFp8>::kDecodeStepTiles;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_decode_kernel<D, T, kFp8>,
                                                       kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kSmemBytes);
         check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_decode_kernel)");

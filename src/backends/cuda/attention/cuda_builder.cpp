@@ -86,6 +86,7 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   planner_.group_size = config_.num_heads / config_.num_kv_heads;
   planner_.num_kv_heads = config_.num_kv_heads;
   planner_.prefill_rows = info.rows_prefill;
+  planner_.decode_step_tiles = info.decode_step_tiles;  // 1 on the warp-specialized kernel
   planner_.resident_ctas = resident_ctas_;
   planner_.positional = config_.attn_type != AttentionType::encoder_decoder;
   planner_.sliding_window = config_.sliding_window;

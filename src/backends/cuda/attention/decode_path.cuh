@@ -2,9 +2,9 @@
 // speculative rows): run by the paged attention kernel (paged_attention_kernel.cuh) for its
 // decode-path items and by the decode-only kernel (paged_decode_kernel.cuh) for every item.
 //
-// Tiling: Q (16 rows) in registers; keys stream in steps of one 64-key tile (two for direct fp8
-// at D = 128, Tr::kDecodeStepTiles); warp w takes keys [Kw w, Kw (w+1)) of each step (Kw = 16 or
-// 32), so the 4 warps split each step's keys (flash-decoding inside a CTA); their (m, l, o) are
+// Tiling: Q (16 rows) in registers; keys stream in steps of one 64-key tile (direct fp8: two at
+// D = 128, four at D = 64, Tr::kDecodeStepTiles); warp w takes keys [Kw w, Kw (w+1)) of each step
+// (Kw = 16, 32 or 64), so the 4 warps split each step's keys (flash-decoding inside a CTA); their (m, l, o) are
 // merged through shared memory at the end. Q.K^T and P.V on tensor cores (mma.sync m16n8k16, f32
 // accumulate); 16-bit K fragments via ldmatrix, V via ldmatrix.trans.
 // Pipeline: kStages stages of a step (the paged attention kernel 3, 4 for one-tile fp8 steps; the
@@ -28,8 +28,8 @@
 //   the tile's largest |q| so that it lands in [2^14, 2^15) (exact for every element above 2^-28
 //   of the largest; below, an absolute error under 2^-39 of it); 2^-s goes into the logit scale.
 //   P is rounded to f16 (in [0, 1]: finer than bf16). The format (e4m3 / e5m2) is a uniform
-//   branch around each step's conversions. Two-tile steps stage rows unpadded with their 16-byte
-//   chunks swizzled (kv_tile_loads.cuh); both fragment loads stay conflict-free.
+//   branch around each step's conversions. Multi-tile steps stage rows unpadded with their 16-byte
+//   chunks swizzled (kv_tile_loads.cuh swizzled_chunk); both fragment loads stay conflict-free.
 // Per warp and 64-key tile at D = 128: 8 16-byte shared loads, 64 conversions, 16 byte_perms, 32
 // MMAs (before, bf16 operands: 32 4-byte loads, 64 conversions + 128 f16 -> f32 + 64 bf16 packs).
 // k_scale is folded into the logit scale, v_scale applied to o once at the end.
@@ -139,7 +139,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
 
   constexpr bool kDirect = Tr::kDecodeDirectFp8;
   constexpr int kStep = Tr::kDecodeStepTiles;         // 64-key tiles per pipeline step
-  constexpr int kWarpKeys = kStep * kKeysPerTile / 4;  // keys of a step per warp: 16 or 32
+  constexpr int kWarpKeys = kStep * kKeysPerTile / 4;  // keys of a step per warp: 16, 32 or 64
   constexpr int kNT = kWarpKeys / 8;                   // n8 score tiles per warp
   constexpr bool kSwizzled = Tr::kDecodeSwizzled;
   constexpr int kRawRow = Tr::kDecodeRawRowBytes;      // fp8: bytes between staged rows
@@ -238,9 +238,9 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
       using L = DirectFp8Layout<D>;
       const int wkey = warp * kWarpKeys;
       const char* k_raw = stage + (wkey / kKeysPerTile) * Tr::kDecodeTileBytes + (wkey % kKeysPerTile + quad_row) * kRawRow;
-      const auto k_col = [&](int v) {
+      const auto k_col = [&](int v) {  // (row & 7 of every row read is quad_row; kKVec = 16 here)
         if constexpr (kSwizzled) {
-          return ((quad_col * (L::kKBytes / 16) + v) ^ quad_row) * 16;
+          return swizzled_chunk<kRawRow>(quad_row, quad_col * (L::kKBytes / 16) + v) * 16;
         } else {
           return quad_col * L::kKBytes + v * L::kKVec;
         }
@@ -292,9 +292,12 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
       // pairs two keys' bytes of a dim ([k0 d0, k1 d0, k0 d1, k1 d1]), each half then one B
       // register. Swizzled rows: row & 7 is 2c + (key & 1).
       using L = DirectFp8Layout<D>;
-      const auto v_col = [&](int v, int k) {
-        if constexpr (kSwizzled) {
-          return ((quad_row * (L::kVBytes / 16) + v) ^ ((2 * quad_col + (k & 1)) & 7)) * 16;
+      const auto v_col = [&](int v, int k) {  // (row & 7 of key k is 2c + (k & 1))
+        if constexpr (kSwizzled && L::kVBytes >= 16) {
+          return swizzled_chunk<kRawRow>(2 * quad_col + (k & 1), quad_row * (L::kVBytes / 16) + v) * 16;
+        } else if constexpr (kSwizzled) {  // D = 64: 8 bytes a lane, half a chunk
+          const int byte = quad_row * L::kVBytes + v * L::kVVec;
+          return swizzled_chunk<kRawRow>(2 * quad_col + (k & 1), byte >> 4) * 16 + (byte & 15);
         } else {
           return quad_row * L::kVBytes + v * L::kVVec;
         }

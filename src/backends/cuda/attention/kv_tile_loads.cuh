@@ -85,9 +85,21 @@ __device__ __forceinline__ void fetch_blocks(const AttentionKernelParams& p, con
   }
 }
 
+// The chunk where 16-byte chunk `chunk` of row `row` sits in a tile of unpadded kRowBytes rows
+// whose chunks are swizzled (the decode path's multi-tile fp8 steps): chunk ^ (row & 7) for
+// 128-byte rows, chunk ^ ((row >> 1) & 3) for 64-byte rows. Either way the fragment loads of
+// decode_path.cuh (16-byte K loads of 8 rows, V loads of rows 2c + {0, 1, 8, 9}) hit distinct bank
+// groups.
+template <int kRowBytes>
+__device__ __forceinline__ int swizzled_chunk(int row, int chunk) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "swizzled staging: 64- or 128-byte rows");
+  if constexpr (kRowBytes == 128) return chunk ^ (row & 7);
+  return chunk ^ ((row >> 1) & 3);
+}
+
 // Issues the copies of K and V tile `tile` into a stage. 16-bit: rows of kRowStride elements;
-// fp8: raw rows of D bytes, kRawRowBytes apart, or (kSwizzle, 128-byte rows: the decode path's
-// two-tile steps) D bytes apart with chunk c of row r at chunk c ^ (r & 7). kNarrow
+// fp8: raw rows of D bytes, kRawRowBytes apart, or (kSwizzle: the decode path's multi-tile steps,
+// D = 64 or 128) D bytes apart with their chunks swizzled (swizzled_chunk). kNarrow
 // (head_size_qk or head_size_v < D): the chunks past a row's k_chunks / v_chunks are zero-filled
 // (no global read).
 template <class Tr, bool kFp8, bool kNarrow, bool kSwizzle = false>
@@ -95,10 +107,10 @@ __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p
                                                   int tile, const int (&blocks)[TileCopy<Tr, kFp8>::kRowsPerThread],
                                                   char* stage, int k_chunks, int v_chunks) {
   using C = TileCopy<Tr, kFp8>;
-  static_assert(!kSwizzle || (kFp8 && Tr::kRawChunks == 8), "swizzled staging: 128-byte fp8 rows");
+  static_assert(!kSwizzle || (kFp8 && (Tr::kRawChunks == 8 || Tr::kRawChunks == 4)), "swizzled staging: fp8 rows of 64 or 128 bytes");
   constexpr int kElemBytes = kFp8 ? 1 : 2;
-  constexpr int kRowBytes = kSwizzle ? 128 : kFp8 ? Tr::kRawRowBytes : Tr::kRowStride * 2;
-  constexpr int kTileBytes = kSwizzle ? kKeysPerTile * 128 : kFp8 ? Tr::kRawTileBytes : Tr::kTileBytes;
+  constexpr int kRowBytes = kSwizzle ? Tr::kRawChunks * 16 : kFp8 ? Tr::kRawRowBytes : Tr::kRowStride * 2;
+  constexpr int kTileBytes = kKeysPerTile * kRowBytes;
   const int lane_chunk = threadIdx.x % C::kThreadsPerRow;
 #pragma unroll
   for (int i = 0; i < C::kRowsPerThread; ++i) {
@@ -114,13 +126,15 @@ __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p
 #pragma unroll
     for (int k = 0; k < C::kChunksPerThread; ++k) {
       const int c = lane_chunk + k * C::kThreadsPerRow;
-      const int dst_c = kSwizzle ? c ^ (row & 7) : c;
+      int dst_c = c;
+      if constexpr (kSwizzle) dst_c = swizzled_chunk<kRowBytes>(row, c);
       cp_async_16(k_dst + dst_c * 16, k_src + c * 16, kNarrow ? valid && c < k_chunks : valid);
     }
 #pragma unroll
     for (int k = 0; k < C::kChunksPerThread; ++k) {
       const int c = lane_chunk + k * C::kThreadsPerRow;
-      const int dst_c = kSwizzle ? c ^ (row & 7) : c;
+      int dst_c = c;
+      if constexpr (kSwizzle) dst_c = swizzled_chunk<kRowBytes>(row, c);
       cp_async_16(v_dst + dst_c * 16, v_src + c * 16, kNarrow ? valid && c < v_chunks : valid);
     }
   }

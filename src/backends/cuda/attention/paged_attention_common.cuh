@@ -76,13 +76,13 @@ struct AttentionTraits {
   // The decode path converts fp8 fragments in registers (no converted tile) when D % 32 == 0.
   static constexpr bool kDecodeDirectFp8 = kFp8 && D % 32 == 0;
   static constexpr int kDecodeConvertedBytes = kDecodeDirectFp8 ? 0 : kConvertedBytes;
-  // Decode pipeline step: one 64-key tile, or two for direct fp8 at D = 128 (32 keys a warp: the
-  // bytes of a 16-bit tile per step, and its fixed costs). Those steps stage rows D bytes apart,
-  // 16-byte chunk c of row r at chunk c ^ (r & 7) (conflict-free 16-byte fragment loads without
-  // padding, so that the decode-only kernel's 3 stages fit 2 CTAs an SM); other fp8 rows are D + 16
-  // bytes apart.
-  static constexpr int kDecodeStepTiles = kDecodeDirectFp8 && D == 128 ? 2 : 1;
-  static constexpr bool kDecodeSwizzled = kDecodeStepTiles == 2;
+  // Decode pipeline step: one 64-key tile, or for direct fp8 the tiles that make the bytes of a
+  // 16-bit d 128 tile (32 KB) and pay its fixed costs once: two at D = 128 (32 keys a warp), four
+  // at D = 64 (64 keys a warp: one tile each). Those steps stage rows D bytes apart with their
+  // 16-byte chunks swizzled (swizzled_chunk: conflict-free fragment loads without padding, so
+  // that the decode-only kernel's 3 stages fit 2 CTAs an SM); other fp8 rows are D + 16 bytes apart.
+  static constexpr int kDecodeStepTiles = !kDecodeDirectFp8 ? 1 : D == 128 ? 2 : D == 64 ? 4 : 1;
+  static constexpr bool kDecodeSwizzled = kDecodeStepTiles > 1;
   static constexpr int kDecodeRawRowBytes = kDecodeSwizzled ? D : kRawRowBytes;
   static constexpr int kDecodeTileBytes = kFp8 ? 2 * kKeysPerTile * kDecodeRawRowBytes : kStageBytes;  // K + V
   static constexpr int kDecodeStepBytes = kDecodeStepTiles * kDecodeTileBytes;

@@ -10,10 +10,10 @@
 //   16-bit caches: 2 stages of one 64-key tile (32 KB at D = 128), registers <= 168, 74 KB of
 //     shared memory, 3 CTAs an SM: more independent CTAs, not deeper pipelines, hide the math
 //     (bench/kv_access_probe.cu: 3 CTAs of 2 stages keep most of their copy rate, 2 of 3 do not);
-//   fp8 at D = 128: steps of two tiles (32 KB, as a 16-bit tile), 3 stages (101 KB), 2 CTAs an
-//     SM (registers <= 255): 128 KB in flight per SM while the CTAs compute (3 CTAs of 2 stages:
-//     96 KB, 10% slower);
-//   other fp8 head sizes: 3 stages of one tile (half the bytes of a 16-bit one), 3 CTAs.
+//   fp8 at D = 128 and 64: steps of two / four tiles (32 KB, as a 16-bit d 128 tile), 3 stages
+//     (about 100 KB), 2 CTAs an SM (registers <= 255): 128 KB in flight per SM while the CTAs
+//     compute (at D = 128, 3 CTAs of 2 stages: 96 KB, 10% slower);
+//   other fp8 head sizes: 3 stages of one tile, 3 CTAs.
 #pragma once
 
 #include "backends/cuda/attention/decode_path.cuh"
@@ -29,7 +29,7 @@ struct DecodeKernelTraits {
   static constexpr int kSmemBytes =
       kDecodeRows * Tr::kRowStride * 2 + kStages * Tr::kDecodeStepBytes + Tr::kDecodeConvertedBytes;
   static_assert(Tr::kMergeBytes <= kSmemBytes - kDecodeRows * Tr::kRowStride * 2);
-  static constexpr int kMinCtasPerSm = Tr::kDecodeStepTiles == 2 ? 2 : 3;
+  static constexpr int kMinCtasPerSm = Tr::kDecodeStepTiles > 1 ? 2 : 3;
 };
 
 template <int D, typename T, bool kFp8>

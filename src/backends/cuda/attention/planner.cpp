@@ -9,8 +9,9 @@
 // key range is the union of its rows' visible keys (causal end at the last row's position + 1;
 // a sliding window trims the start).
 // Split-KV: when the items are fewer than the resident CTAs, long ranges are cut into chunks of
-// about total_tiles / resident_ctas tiles (at least kMinTilesPerSplit), boundaries aligned to a
-// 64-key tile, so one launch fills the device (flash-decoding); the combine kernel merges them.
+// about total_tiles / resident_ctas tiles (at least kMinTilesPerSplit, rounded up to a decode
+// pipeline step), boundaries aligned to a 64-key tile, so one launch fills the device
+// (flash-decoding); the combine kernel merges them.
 // Decode-only plans (the decode-only kernel, more resident CTAs) also split when the items
 // outnumber the CTAs but would leave the last wave short (choose_decode_chunk).
 // Cascade (common prefix P): prefix items over keys [0, P) for every query row of the batch
@@ -287,6 +288,11 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
     int64_t total_tiles = 0;
     for (const WorkItem& it : base) total_tiles += tiles_of(KeyRange{it.kv_start, it.kv_end});
     ideal = std::max<int64_t>(kMinTilesPerSplit, (total_tiles + resident - 1) / resident);
+  }
+  // A decode-path item runs in steps of decode_step_tiles tiles (fp8 at D = 64 / 128: 4 / 2): a
+  // chunk shorter than a step only adds zero-filled tiles.
+  if (ideal > 0 && config.decode_step_tiles > 1) {
+    ideal = (ideal + config.decode_step_tiles - 1) / config.decode_step_tiles * config.decode_step_tiles;
   }
   if (ideal > 0) {
     for (;;) {

@@ -32,6 +32,7 @@ struct PlannerConfig {
   int decode_resident_ctas = 0;  // those of the decode-only kernel; 0: plans never use it
   bool force_decode_kernel = false;  // decode batches take it even when their chunks are short
   int64_t decode_kernel_max_tiles = 0;  // > 0: decode batches of more 64-key tiles do not take it
+  int decode_step_tiles = 1;     // tiles of a decode-path pipeline step: split chunks are multiples
   bool positional = true;        // false: cross-attention (every key visible)
   bool causal = true;
   std::optional<int> sliding_window;  // W: |k - p| <= W - 1 (causal: p - k <= W - 1)
