@@ -38,4 +38,24 @@ inline double rel_error(const TensorView& a, const TensorView& b) {
   return ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
 }
 
+// An MLA layer at DeepSeek-V3's dims (kv_lora_rank 512, nope 128, rope 64, v 128), bf16, named
+// layer.0: the CUDA_MLA tests' layer, on `backend` / `device`.
+inline MLAAttentionLayerParams deepseek_mla_params(int heads, const char* kv_cache_dtype, int block_size,
+                                                   const char* backend, Device device) {
+  MLAAttentionLayerParams p;
+  p.num_heads = heads;
+  p.kv_lora_rank = 512;
+  p.qk_nope_head_dim = 128;
+  p.qk_rope_head_dim = 64;
+  p.qk_head_dim = 128 + 64;
+  p.v_head_dim = 128;
+  p.kv_cache_dtype = kv_cache_dtype;
+  p.block_size = block_size;
+  p.prefix = "layer.0";
+  p.dtype = DType::bf16;
+  p.device = device;
+  p.backend = backend;
+  return p;
+}
+
 }  // namespace pagedattn::gpu_test

@@ -562,23 +562,8 @@ void run_layer_case(const LayerCase& c, uint64_t seed) {
     }
   }
 
-  MLAAttentionLayerParams lp;
-  lp.num_heads = c.heads;
-  lp.kv_lora_rank = kL;
-  lp.qk_nope_head_dim = kP;
-  lp.qk_rope_head_dim = kR;
-  lp.qk_head_dim = kP + kR;
-  lp.v_head_dim = kV;
-  lp.kv_cache_dtype = c.kv_cache_dtype;
-  lp.block_size = c.block_size;
-  lp.prefix = "layer.0";
-  lp.dtype = dtype;
-  lp.device = Device::cpu;
-  lp.backend = "REFERENCE_MLA";
-  MLAAttention ref(lp);
-  lp.device = Device::cuda;
-  lp.backend = "CUDA_MLA";
-  MLAAttention dev(lp);
+  MLAAttention ref(gpu_test::deepseek_mla_params(c.heads, c.kv_cache_dtype, c.block_size, "REFERENCE_MLA", Device::cpu));
+  MLAAttention dev(gpu_test::deepseek_mla_params(c.heads, c.kv_cache_dtype, c.block_size, "CUDA_MLA", Device::cuda));
   ASSERT_EQ(dev.impl().prefill_backend_name(), "CUDA");
   const bool fp8 = std::string(c.kv_cache_dtype) != "auto";
   for (MLAAttention* layer : {&ref, &dev}) layer->scales().k_scale = fp8 ? 0.05f : 1.f;

@@ -68,23 +68,8 @@ void run_graph_case(const GraphCase& c) {
   SCOPED_TRACE(detail::concat(c.heads, " heads, kv ", c.kv_cache_dtype));
   const DType dtype = DType::bf16;
   const bool fp8 = std::string(c.kv_cache_dtype) != "auto";
-  MLAAttentionLayerParams lp;
-  lp.num_heads = c.heads;
-  lp.kv_lora_rank = kL;
-  lp.qk_nope_head_dim = kP;
-  lp.qk_rope_head_dim = kR;
-  lp.qk_head_dim = kP + kR;
-  lp.v_head_dim = kV;
-  lp.kv_cache_dtype = c.kv_cache_dtype;
-  lp.block_size = kBlock;
-  lp.prefix = "layer.0";
-  lp.dtype = dtype;
-  lp.device = Device::cpu;
-  lp.backend = "REFERENCE_MLA";
-  MLAAttention ref(lp);
-  lp.device = Device::cuda;
-  lp.backend = "CUDA_MLA";
-  MLAAttention dev(lp);
+  MLAAttention ref(gpu_test::deepseek_mla_params(c.heads, c.kv_cache_dtype, kBlock, "REFERENCE_MLA", Device::cpu));
+  MLAAttention dev(gpu_test::deepseek_mla_params(c.heads, c.kv_cache_dtype, kBlock, "CUDA_MLA", Device::cuda));
   for (MLAAttention* layer : {&ref, &dev}) layer->scales().k_scale = fp8 ? 0.05f : 1.f;
   const Tensor w = random_host(Shape{int64_t{c.heads} * (kP + kV), kL}, dtype, 5, -0.08f, 0.08f);
   ref.process_weights_after_loading(w);
@@ -232,19 +217,7 @@ TEST(CudaMlaGraph, CaptureOnceReplayOtherDecodeBatches) {
 // build_for_cudagraph_capture with an Error naming common, as is a batch of padding only.
 TEST(CudaMlaGraph, CaptureRefusesOtherBatches) {
   PAGEDATTN_REQUIRE_GPU();
-  MLAAttentionLayerParams lp;
-  lp.num_heads = 16;
-  lp.kv_lora_rank = kL;
-  lp.qk_nope_head_dim = kP;
-  lp.qk_rope_head_dim = kR;
-  lp.qk_head_dim = kP + kR;
-  lp.v_head_dim = kV;
-  lp.block_size = kBlock;
-  lp.prefix = "layer.0";
-  lp.dtype = DType::bf16;
-  lp.device = Device::cuda;
-  lp.backend = "CUDA_MLA";
-  MLAAttention dev(lp);
+  MLAAttention dev(gpu_test::deepseek_mla_params(16, "auto", kBlock, "CUDA_MLA", Device::cuda));
   auto builder = dev.backend().make_builder(dev.kv_cache_spec(), dev.builder_config(kBatch, 64, kCols * kBlock),
                                             Device::cuda);
   std::mt19937_64 rng(3);
