@@ -15,7 +15,9 @@
 //     lse   = m + log(denominator)                   (natural log)
 // with an online softmax (running max m, running sum l, O rescaled by e^{m_old - m_new}; Ops
 // that define kRescaleSlack (AMX) keep m while a tile exceeds it by at most that slack, so
-// alpha = 1 and O is not touched: exact, P <= e^slack).
+// alpha = 1 and O is not touched: exact, P <= e^slack). A NaN logit of a visible key makes its
+// row NaN, as in REFERENCE (the exponential and the soft-cap's tanh pass NaN through, and P is
+// zeroed only for -inf logits).
 //
 // Tiling: keys in tiles of kKeyTile = 64 (four 16-key chunks; a chunk lies in one page when the
 // block size is a multiple of 16, else each key looks its page up). Per tile: K is packed once (transposed: [D][64] f32, or
@@ -257,7 +259,7 @@ inline typename Vec::V vec_tanh(typename Vec::V y) {
   poly = Vec::fma(poly, y2, Vec::set1(2.f / 15.f));
   poly = Vec::fma(poly, y2, Vec::set1(-1.f / 3.f));
   const V small = Vec::fma(Vec::mul(poly, y2), ay, ay);
-  const V e = Vec::exp(Vec::min(Vec::add(ay, ay), Vec::set1(80.f)));
+  const V e = Vec::exp(Vec::min(Vec::set1(80.f), Vec::add(ay, ay)));  // NaN stays NaN
   const V big = Vec::sub(Vec::set1(1.f), Vec::div(Vec::set1(2.f), Vec::add(e, Vec::set1(1.f))));
   const V t = Vec::select(Vec::lt(ay, Vec::set1(0.3f)), small, big);
   return Vec::select(Vec::lt(y, Vec::zero()), Vec::sub(Vec::zero(), t), t);
@@ -332,7 +334,7 @@ inline void softmax_tile(const ItemContext& c, int ra, int rb, int t0, int n, in
     for (int j = 0; j < kKeyTile; j += W) {
       const V x = Vec::load(srow + j);
       V e = Vec::exp(Vec::sub(x, vm));
-      e = Vec::select(Vec::ge(x, lowest), e, Vec::zero());
+      e = Vec::select(Vec::lt(x, lowest), Vec::zero(), e);  // -inf: 0; NaN: NaN
       vsum = Vec::add(vsum, Ops::store_p(c.p, i, j, e));
     }
     c.l[i] = c.l[i] * alpha + Vec::hsum(vsum);

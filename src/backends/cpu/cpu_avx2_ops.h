@@ -53,10 +53,11 @@ struct Vec256 {
   }
 
   // e^x (Cephes expf polynomial, ~1-2 ulp). Inputs below -87.3 give 2^-126-ish tiny values, not
-  // 0: callers mask dead lanes explicitly.
+  // 0: callers mask dead lanes explicitly. NaN gives NaN (the clamps take x as their second
+  // operand, which max/min return when either is NaN).
   static V exp(V x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);
+    x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x);
     const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);

@@ -47,10 +47,11 @@ struct Vec512 {
   static float hmax(V v) { return _mm512_reduce_max_ps(v); }
   static float hsum(V v) { return _mm512_reduce_add_ps(v); }
 
-  // e^x, |relative error| ~ 1-2 ulp (Cephes expf polynomial); x = -inf gives 0.
+  // e^x, |relative error| ~ 1-2 ulp (Cephes expf polynomial); x = -inf gives 0, NaN gives NaN
+  // (the clamps take x as their second operand, which max/min return when either is NaN).
   static V exp(V x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.72283935f));
+    x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);
+    x = _mm512_min_ps(_mm512_set1_ps(88.72283935f), x);
     const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);

@@ -288,9 +288,9 @@ inline bool avx2_direct_softmax(const ItemContext& c, float* lsum, int row0, int
     const __m256 vm = _mm256_set1_ps(m_new), valpha = _mm256_set1_ps(alpha);
     float* l = lsum + static_cast<size_t>(i) * kDirectChunk;
     for (int h = 0; h < 2; ++h) {
-      // masked (-inf) lanes give 0, as the tile kernel's softmax
-      const __m256 e = _mm256_and_ps(Vec256::exp(_mm256_sub_ps(x[h], vm)),
-                                     _mm256_cmp_ps(x[h], lowest, _CMP_GE_OQ));
+      // masked (-inf) lanes give 0 and NaN logits NaN, as the tile kernel's softmax
+      const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x[h], lowest, _CMP_LT_OQ),
+                                        Vec256::exp(_mm256_sub_ps(x[h], vm)));
       _mm256_storeu_ps(prow + 8 * h, e);
       _mm256_storeu_ps(l + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(l + 8 * h), valpha, e));
     }

@@ -3,10 +3,18 @@
 // place, no K transpose, no V pack). Included by the AVX-512 translation units
 // (cpu_kernels_avx512.cpp, cpu_kernels_amx.cpp); internal linkage only.
 //
-// Items (direct_decode_applies): the driver's shape conditions, a bf16 cache, bf16 activations
-// (Precision::bf16_dot), D = Dv a multiple of 32. Everything else on the AVX-512 and AMX paths
-// (f16 / fp8 caches, f32 / f16 activations, split-KV and cascade items) runs the tile kernel.
-// PAGEDATTN_CPU_DECODE_KERNEL=tile turns it off (cpu_dispatch.cpp).
+// Items (direct_decode_applies): the driver's shape conditions, D = Dv a multiple of 32, and a bf16
+// cache with bf16 activations or an fp8 (e4m3 / e5m2) cache with any activations (both
+// Precision::bf16_dot: Q rounded to bf16, as the tile kernel does). Everything else on the AVX-512
+// and AMX paths (f16 caches, f32 / f16 activations over a bf16 cache, split-KV and cascade items)
+// runs the tile kernel. PAGEDATTN_CPU_DECODE_KERNEL=tile turns it off (cpu_dispatch.cpp).
+//
+// fp8 caches are widened to bf16 in registers (widen32), exactly (every e4m3 / e5m2 value is a
+// bf16), NaN and inf codes included, so no check pass is needed; the rest of the kernel is the
+// bf16 one. bf16 rather than f32: each widened K or V vector then feeds vdpbf16ps (32 products
+// per instruction, half the dot-product instructions of f32 FMA) and the widening is 7 integer
+// instructions per 32 elements, which run beside the dot products (an f32 widening costs twice
+// that per element, and twice the FMAs).
 //
 // Tiling: per (chunk of 16 keys, KV head) its rows (query heads of the group x query tokens) in
 // register blocks of R <= 4:
@@ -35,8 +43,9 @@
 // paced by its dot products (zero_after). Floor and measurements: docs/perf/cpu.md ("Direct
 // decode kernel").
 //
-// Precision points (the same as the tile kernel's bf16_dot path): Q and K/V bf16 as stored;
-// products summed in f32 by vdpbf16ps; P rounded to bf16 once (l sums the rounded values); O
+// Precision points (the same as the tile kernel's bf16_dot path): Q rounded to bf16 (as stored for
+// bf16 activations); K/V bf16 as stored, or fp8 widened exactly (times a power of two); products
+// summed in f32 by vdpbf16ps; P rounded to bf16 once (l sums the rounded values); O
 // accumulated in f32; the output rounded once at the store.
 #pragma once
 
@@ -55,9 +64,62 @@ namespace {
 
 // Whether the AVX-512 direct kernel runs this item (see the file comment).
 inline bool direct_decode_applies(const AttentionArgs& a, const WorkItem& it) {
-  return a.kv.dtype == DType::bf16 && a.q_dtype == DType::bf16 &&
-         a.precision == Precision::bf16_dot && a.head_size % 32 == 0 &&
+  const DType dt = a.kv.dtype;
+  const bool cache = (dt == DType::bf16 && a.q_dtype == DType::bf16) || dt == DType::fp8_e4m3 ||
+                     dt == DType::fp8_e5m2;
+  return cache && a.precision == Precision::bf16_dot && a.head_size % 32 == 0 &&
          direct_decode_shape_applies(a, it);
+}
+
+template <DType DT>
+constexpr int64_t kDirectElemBytes = DT == DType::bf16 ? 2 : 1;
+
+// Magnitude tables of the fp8 widening (bf16 bit patterns, vpermw: 32 words; see widen32).
+// e4m3, index (code + 1) & 0x7F for the codes 0x7F (index 0: NaN) and 0x00 .. 0x0E: the
+// subnormals M * 2^-9 and the first normals, times 256.
+alignas(64) constexpr uint16_t kE4m3Specials[32] = {
+    0x7FC0, 0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4020, 0x4040,
+    0x4060, 0x4080, 0x4090, 0x40A0, 0x40B0, 0x40C0, 0x40D0, 0x40E0};
+// e5m2, index (code + 4) & 0x7F for the codes 0x7C .. 0x7F (inf, NaN x 3) and 0x00 .. 0x03 (the
+// subnormals M * 2^-16), times 2^16.
+alignas(64) constexpr uint16_t kE5m2Specials[32] = {0x7F80, 0x7FC0, 0x7FC0, 0x7FC0,
+                                                    0x0000, 0x3F80, 0x4000, 0x4040};
+
+// 32 cache elements of type DT at src as bf16 (one zmm of words, in element order). bf16: the
+// row itself. fp8: exact, every code (NaN and, for e5m2, inf included), scaled by a power of two
+// (e4m3: 2^8, e5m2: 2^16; DirectAvx512::key_factor / value_factor divide it out again). The byte
+// sign-extended to a word s (bit 15 = the sign); s << 4 (e4m3) or << 5 (e5m2) puts the code's
+// exponent and mantissa at the bf16's, and OR 0x4000 adds 128 to the exponent: the bf16 of a
+// normal code's value times 2^(128 - 120) = 2^8 (e4m3, exponent bias 7) or 2^(128 - 112) = 2^16
+// (e5m2, bias 15). The codes this cannot give (subnormals, NaN; e5m2 inf) take their magnitude
+// from a table (vpermw, masked to them: one test finds them, as the codes whose magnitude plus 1
+// (e4m3; 127 + 1 wraps to 0) or plus 4 (e5m2; 124 .. 127 wrap to 0 .. 3) is below 16 or 8; the
+// e4m3 table also holds the first normals, 8 .. 14), and the sign goes back on last. 7
+// instructions per 32 elements; the values are those of the tile kernel's conversion
+// (Bf16Ops::convert_row) times the power of two.
+template <DType DT>
+__attribute__((always_inline)) inline __m512i widen32(const char* src) {
+  if constexpr (DT == DType::bf16) {
+    return _mm512_loadu_si512(src);
+  } else {
+    static_assert(DT == DType::fp8_e4m3 || DT == DType::fp8_e5m2);
+    constexpr bool e4m3 = DT == DType::fp8_e4m3;
+    const __m512i s =
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+    // (a & exponent/mantissa bits) | 0x4000; the destination operand first (a, then magnitude:
+    // both dead after), so that no register copy is needed.
+    const __m512i normal =
+        _mm512_ternarylogic_epi32(_mm512_slli_epi16(s, e4m3 ? 4 : 5),
+                                  _mm512_set1_epi16(e4m3 ? 0x07F0 : 0x0FE0),
+                                  _mm512_set1_epi16(0x4000), 0xEA);
+    const __m512i idx = _mm512_add_epi16(s, _mm512_set1_epi16(e4m3 ? 1 : 4));
+    const __mmask32 special = _mm512_testn_epi16_mask(idx, _mm512_set1_epi16(e4m3 ? 0x70 : 0x78));
+    const __m512i magnitude = _mm512_mask_permutexvar_epi16(
+        normal, special, idx, _mm512_load_si512(e4m3 ? kE4m3Specials : kE5m2Specials));
+    // bit 15 from s (the sign), the rest from magnitude: C ? B : A
+    return _mm512_ternarylogic_epi32(magnitude, s, _mm512_set1_epi16(static_cast<short>(0x8000)),
+                                     0xD8);
+  }
 }
 
 inline __m512bh as_bh(__m512i x) {
@@ -75,7 +137,7 @@ inline int64_t zero_after(__m512 x) {
 // k + t * k_stride, or the zero row from `live` on): logits[r] lane t = q_r . k_t.
 // red: scratch of R x 8 x 16 f32 (the key pairs folded once). prefetch_into: nullptr or what to
 // prefetch (DirectPrefetch).
-template <int R, int NC, bool kFull>
+template <DType DT, int R, int NC, bool kFull>
 __attribute__((always_inline)) inline void direct_qk(const uint16_t* q, int head_size,
                                                      const char* k, int64_t k_stride, int live,
                                                      float* red, __m512* logits,
@@ -99,11 +161,11 @@ __attribute__((always_inline)) inline void direct_qk(const uint16_t* q, int head
       b[r] = _mm512_setzero_ps();
     }
     for (int c = 0; c < NC; ++c) {
-      const __m512bh kc = as_bh(_mm512_loadu_si512(ka + 64 * c));
+      const __m512bh kc = as_bh(widen32<DT>(ka + 32 * kDirectElemBytes<DT> * c));
       for (int r = 0; r < R; ++r) a[r] = _mm512_dpbf16_ps(a[r], qv[r][c], kc);
     }
     for (int c = 0; c < NC; ++c) {
-      const __m512bh kc = as_bh(_mm512_loadu_si512(kb + 64 * c));
+      const __m512bh kc = as_bh(widen32<DT>(kb + 32 * kDirectElemBytes<DT> * c));
       for (int r = 0; r < R; ++r) b[r] = _mm512_dpbf16_ps(b[r], qv[r][c], kc);
     }
     // 128-bit lane k of the fold: [a(4k)+a(4k+2), b(4k)+b(4k+2), a(4k+1)+a(4k+3), b(..)].
@@ -111,7 +173,10 @@ __attribute__((always_inline)) inline void direct_qk(const uint16_t* q, int head
       _mm512_storeu_ps(red + (r * 8 + tp) * 16, _mm512_add_ps(_mm512_unpacklo_ps(a[r], b[r]),
                                                               _mm512_unpackhi_ps(a[r], b[r])));
     }
-    if (prefetch) direct_prefetch_pair(pf, tp, zero_after(b[0]));  // rows 2tp, 2tp + 1
+    // Rows 2tp, 2tp + 1. The prefetch loops are unrolled for fp8 rows (fewer instructions in a
+    // compute-bound loop); bf16 keeps them (unrolled, its prefetches issued ahead of the pacing
+    // and the memory-bound decode was slower: docs/perf/cpu.md, fp8 section).
+    if (prefetch) direct_prefetch_pair<DT == DType::bf16 ? 0 : 32 * NC>(pf, tp, zero_after(b[0]));
   }
   for (int r = 0; r < R; ++r) {
     const float* x = red + r * 8 * 16;
@@ -140,7 +205,7 @@ __attribute__((always_inline)) inline void direct_qk(const uint16_t* q, int head
 // keys a row cannot see replaced by zeros; pairs no row sees are not read. So a row never
 // multiplies a V row it cannot see (P = 0 would keep a NaN or an infinity there: 0 * NaN = NaN),
 // and the output does not depend on what masked slots hold.
-template <int R, int NCG, bool kFull>
+template <DType DT, int R, int NCG, bool kFull>
 __attribute__((always_inline)) inline void direct_pv_dims(float* o, int head_size_v,
                                                           const uint16_t* p, const char* v,
                                                           int64_t v_stride, int live, int d0,
@@ -155,12 +220,13 @@ __attribute__((always_inline)) inline void direct_pv_dims(float* o, int head_siz
     for (int j = 0; j < 2 * NCG; ++j)
       acc[r][j] = _mm512_loadu_ps(o + static_cast<size_t>(r) * head_size_v + d0 + 16 * j);
   const auto pair = [&](int tp, int r_first, int r_last, bool sees_a, bool sees_b) {
-    const char* va = v + (2 * tp) * v_stride + 2 * d0;
+    constexpr int64_t eb = kDirectElemBytes<DT>;
+    const char* va = v + (2 * tp) * v_stride + eb * d0;
     const char* vb = va + v_stride;
     __m512bh lo_v[NCG], hi_v[NCG];
     for (int c = 0; c < NCG; ++c) {
-      const __m512i x = sees_a ? _mm512_loadu_si512(va + 64 * c) : _mm512_setzero_si512();
-      const __m512i y = sees_b ? _mm512_loadu_si512(vb + 64 * c) : _mm512_setzero_si512();
+      const __m512i x = sees_a ? widen32<DT>(va + 32 * eb * c) : _mm512_setzero_si512();
+      const __m512i y = sees_b ? widen32<DT>(vb + 32 * eb * c) : _mm512_setzero_si512();
       lo_v[c] = as_bh(_mm512_unpacklo_epi16(x, y));
       hi_v[c] = as_bh(_mm512_unpackhi_epi16(x, y));
     }
@@ -255,12 +321,12 @@ inline bool direct_softmax(const ItemContext& c, float* lsum, int row0, int rows
 
 // One register block of R rows (global rows row0 ..) of one KV head over one chunk: Q·Kᵀ, the
 // online softmax, O += P·V.
-template <int R, int NC, bool kFull>
+template <DType DT, int R, int NC, bool kFull>
 inline void direct_rows(const ItemContext& c, float* lsum, float* red, int row0, const char* k,
                         int64_t k_stride, const char* v, int64_t v_stride, int t0, int live,
                         const DirectPrefetch* pf) {
   __m512 logits[R];
-  direct_qk<R, NC, kFull>(
+  direct_qk<DT, R, NC, kFull>(
       static_cast<const uint16_t*>(c.q) + static_cast<size_t>(row0) * c.head_size, c.head_size, k,
       k_stride, live, red, logits, pf);
   const int dv = c.head_size_v;
@@ -279,30 +345,57 @@ inline void direct_rows(const ItemContext& c, float* lsum, float* red, int row0,
   const int32_t* hi = c.hi + row0;
   const ChunkKeys keys = chunk_keys_seen(lo, hi, R, t0, kFull ? kDirectChunk : live);
   for (; d0 + 64 <= dv; d0 += 64) {
-    direct_pv_dims<R, 2, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0, keys);
+    direct_pv_dims<DT, R, 2, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0, keys);
   }
-  if (d0 < dv) direct_pv_dims<R, 1, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0, keys);
+  if (d0 < dv) direct_pv_dims<DT, R, 1, kFull>(o, dv, p, v, v_stride, live, d0, lo, hi, t0, keys);
 }
 
 // The AVX-512 BF16 kernel of the direct decode driver (cpu_decode_direct.h).
 struct DirectAvx512 {
   static void setup(ItemContext& c) { setup_item_rows<Bf16Ops>(c); }  // Q rows as bf16
-  static float key_factor(const AttentionArgs&) { return 1.f; }
-  static float value_factor(const AttentionArgs&) { return 1.f; }
+  // The powers of two widen32 scales fp8 codes by (exact).
+  static float key_factor(const AttentionArgs& a) {
+    switch (a.kv.dtype) {
+      case DType::fp8_e4m3: return 1.f / 256.f;
+      case DType::fp8_e5m2: return 1.f / 65536.f;
+      default: return 1.f;
+    }
+  }
+  static float value_factor(const AttentionArgs& a) { return key_factor(a); }
 
-  template <bool kFull>
-  static void head_chunk(const ItemContext& c, float* lsum, float* red, int row0, int rows,
-                         const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
-                         int live, const DirectPrefetch& pf) {
+  template <DType DT, bool kFull>
+  static void rows_of(const ItemContext& c, float* lsum, float* red, int row0, int rows,
+                      const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
+                      int live, const DirectPrefetch& pf) {
     for (int rb = 0; rb < rows; rb += kDirectRowBlock) {
       const DirectPrefetch* prefetch = rb == 0 ? &pf : nullptr;  // once per head
       with_static_int<kDirectRowBlock>(imin(kDirectRowBlock, rows - rb), [&](auto rr) {
         with_static_int<kMaxHeadSize / 32>(c.head_size / 32, [&](auto nc) {
           constexpr int R = decltype(rr)::value, NC = decltype(nc)::value;
-          direct_rows<R, NC, kFull>(c, lsum, red, row0 + rb, k, k_stride, v, v_stride, t0, live,
-                                    prefetch);
+          direct_rows<DT, R, NC, kFull>(c, lsum, red, row0 + rb, k, k_stride, v, v_stride, t0,
+                                        live, prefetch);
         });
       });
+    }
+  }
+
+  template <bool kFull>
+  static void head_chunk(const ItemContext& c, float* lsum, float* red, int row0, int rows,
+                         const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
+                         int live, const DirectPrefetch& pf) {
+    switch (c.args->kv.dtype) {
+      case DType::fp8_e4m3:
+        rows_of<DType::fp8_e4m3, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride, t0,
+                                        live, pf);
+        break;
+      case DType::fp8_e5m2:
+        rows_of<DType::fp8_e5m2, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride, t0,
+                                        live, pf);
+        break;
+      default:  // bf16 (direct_decode_applies)
+        rows_of<DType::bf16, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride, t0, live,
+                                    pf);
+        break;
     }
   }
 

@@ -16,9 +16,10 @@
 //                     rows [row0, row0 + rows) of one KV head over the chunk at key t0 (live
 //                     keys; kFull = all 16), prefetching what pf names once per head.
 //   key_factor(a), value_factor(a)
-//                     constant factors of the kernel's conversion (1, or 256 where the kernel
-//                     reads fp8 e4m3 as f16 = value / 256), folded into the logit scale and the
-//                     output normalisation.
+//                     constant factors of the kernel's conversion (1, or a power of two where
+//                     the kernel widens fp8 codes to a scaled value: AVX2 reads e4m3 as the f16
+//                     of value / 256, AVX-512 e4m3 / e5m2 as the bf16 of value * 2^8 / 2^16),
+//                     folded into the logit scale and the output normalisation.
 //   unpermute(a, o, dst, dv)
 //                     one O row in dimension order (the kernel may keep O dims permuted).
 //   lane_sum(lanes)   l of a row from its 16 lane sums, in the order of the tile kernel's hsum
@@ -94,15 +95,18 @@ inline int64_t zero_after_bits(int32_t bits) {
 }
 
 // The prefetches of key pair tp (rows 2tp, 2tp + 1) of a head's chunk; pace = zero_after_bits(...).
+// kRowBytes: pf.row_bytes where the caller knows it at compile time (the loops then unrolled), or 0.
+template <int64_t kRowBytes = 0>
 __attribute__((always_inline)) inline void direct_prefetch_pair(const DirectPrefetch& pf, int tp,
                                                                 int64_t pace) {
-  const int64_t lines = (pf.row_bytes + 63) / 64;
-  const char* l2_k = pf.l2_k + tp * 2 * pf.row_bytes + pace;
-  const char* l2_v = pf.l2_v + tp * 2 * pf.row_bytes + pace;
+  const int64_t row_bytes = kRowBytes > 0 ? kRowBytes : pf.row_bytes;
+  const int64_t lines = (row_bytes + 63) / 64;
+  const char* l2_k = pf.l2_k + tp * 2 * row_bytes + pace;
+  const char* l2_v = pf.l2_v + tp * 2 * row_bytes + pace;
   const char* l1_v = pf.l1_v + (2 * tp) * pf.v_stride + pace;
   const char* l1_k = pf.l1_k + (2 * tp) * pf.k_stride + pace;
-  for (int64_t l = 0; l < 2 * pf.row_bytes; l += 64) __builtin_prefetch(l2_k + l, 0, 2);
-  for (int64_t l = 0; l < 2 * pf.row_bytes; l += 64) __builtin_prefetch(l2_v + l, 0, 2);
+  for (int64_t l = 0; l < 2 * row_bytes; l += 64) __builtin_prefetch(l2_k + l, 0, 2);
+  for (int64_t l = 0; l < 2 * row_bytes; l += 64) __builtin_prefetch(l2_v + l, 0, 2);
   for (int64_t l = 0; l < lines; ++l) {
     __builtin_prefetch(l1_v + 64 * l, 0, 3);
     __builtin_prefetch(l1_v + pf.v_stride + 64 * l, 0, 3);

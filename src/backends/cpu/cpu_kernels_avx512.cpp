@@ -7,7 +7,7 @@
 //            6 rows x 64 keys (or dims) register blocks.
 //            Floor per 64-key tile and row: 2*64*(D+Dv) FLOP at 2 vdpbf16ps/cycle/core.
 //   F32Ops<Vec512> (f32 / f16 activations): the same tiling with f32 FMA (6 x 64 per block).
-// Head-fused decode items over a bf16 cache run the direct decode kernel instead
+// Head-fused decode items over a bf16 or fp8 cache run the direct decode kernel instead
 // (cpu_decode_avx512.h: dot products on the cache rows in place, no packing) where it applies.
 // Precision: see cpu_attention_tile.h; bf16 rounding of f32/f16 operands uses vcvtne2ps2bf16
 // (round to nearest even; f32 denormals flush to zero, far below every tolerance).
