@@ -76,6 +76,7 @@ AttentionKernelInfo paged_attention_kernel_info() {
   info.smem_bytes = V::kSmemBytes;
   info.rows_prefill = AttentionTraits<D, T, kFp8>::kPrefillRows;
   info.decode_step_tiles = AttentionTraits<D, T, kFp8>::kDecodeStepTiles;
+  if constexpr (V::kPairs) info.paired_decode_step_tiles = AttentionTraits<2 * D, T, kFp8>::kDecodeStepTiles;
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_attention_kernel<D, T, kFp8, kVariant>,
                                                 kThreadsPerCta, V::kSmemBytes);
   check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_attention_kernel)");
@@ -92,6 +93,9 @@ AttentionKernelInfo attention_kernel_info_for(AttentionKernel kernel) {
         info.smem_bytes = DecodeKernelTraits<D, T, kFp8>::kSmemBytes;
         info.rows_prefill = AttentionTraits<D, T, kFp8>::kPrefillRows;
         info.decode_step_tiles = AttentionTraits<D, T, kFp8>::kDecodeStepTiles;
+        if constexpr (DecodeKernelTraits<D, T, kFp8>::kPairs) {
+          info.paired_decode_step_tiles = AttentionTraits<2 * D, T, kFp8>::kDecodeStepTiles;
+        }
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.ctas_per_sm, paged_decode_kernel<D, T, kFp8>,
                                                       kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>::kSmemBytes);
         check_launch("cudaOccupancyMaxActiveBlocksPerMultiprocessor(paged_decode_kernel)");

@@ -37,6 +37,10 @@ constexpr int prefill_rows_for_head_size(int head_size) { return head_size <= 12
 enum WorkItemFlags : int32_t {
   kItemDecodePath = 1,   // 16-row path (warps split the keys)
   kItemOwnsSink = 2,     // adds the sink logit (exactly one split of a row group does)
+  // Decode-path item over the kv-head PAIR kv_head = j (heads 2j, 2j + 1; fp8 caches at head size
+  // 64): rows m = token * 2G + h, h < 2G the pair's query heads 2jG + h, each token's K / V rows
+  // of both heads read as one 128-byte row (PlannerConfig::pair_kv_heads, decode_path.cuh).
+  kItemPairedHeads = 4,
 };
 
 // 48 bytes; read once per item by every thread of the CTA.
@@ -68,7 +72,8 @@ struct CombineItem {
   int32_t prefix_splits;    // 0: no cascade prefix
   int32_t prefix_row;
   int32_t prefix_stride;
-  int32_t reserved[3];
+  int32_t group_size;       // rows of one kv_head's group: 0 = the launch's; 2G for a kv-head pair
+  int32_t reserved[2];
 };
 
 // Device plan header: counts read by the kernels (so a captured graph replays any plan).

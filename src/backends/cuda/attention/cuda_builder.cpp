@@ -86,7 +86,12 @@ CudaMetadataBuilder::CudaMetadataBuilder(KVCacheSpec spec, BuilderConfig config,
   planner_.group_size = config_.num_heads / config_.num_kv_heads;
   planner_.num_kv_heads = config_.num_kv_heads;
   planner_.prefill_rows = info.rows_prefill;
+  // Decode items over kv-head pairs (kernel_selection.h paired_decode_head_size): the d 64 kernels
+  // run them on their D = 128 decode path, whose steps (and so the split chunks) are shorter.
+  planner_.pair_kv_heads = paired_decode_head_size(kernel_head_size, fp8_kv) && config_.head_size == config_.head_size_v &&
+                           config_.num_kv_heads % 2 == 0 && info.paired_decode_step_tiles > 0;
   planner_.decode_step_tiles = info.decode_step_tiles;  // 1 on the warp-specialized kernel
+  planner_.paired_decode_step_tiles = std::max(1, info.paired_decode_step_tiles);
   planner_.resident_ctas = resident_ctas_;
   planner_.positional = config_.attn_type != AttentionType::encoder_decoder;
   planner_.sliding_window = config_.sliding_window;

@@ -37,7 +37,8 @@
 // memory (convert_kv_tile) and take the 16-bit path.
 //
 // Memory traffic: each KV byte of an item's range once per GQA group (the group's heads are the
-// item's rows); the floor is KV bytes / copy bandwidth.
+// item's rows); the floor is KV bytes / copy bandwidth. Items over a kv-head pair (fp8, head size
+// 64: run_decode_item's kPaired) read both heads' rows of a token as one 128-byte row.
 #pragma once
 
 #include "backends/cuda/attention/kv_tile_loads.cuh"
@@ -128,7 +129,12 @@ __device__ __forceinline__ float direct_fp8_q_frags(const T* q_smem, int quad_ro
 
 // kStages: pipeline depth (the unified kernel's Tr::kDecodeStages; the decode-only kernel's
 // DecodeKernelTraits::kStages, shallower so that 3 CTAs fit an SM).
-template <int D, typename T, bool kFp8, int kStages = AttentionTraits<D, T, kFp8>::kDecodeStages>
+// kPaired: an item of kItemPairedHeads (attention_plan.h), run at D = 2 x the layer's head size:
+// its rows are the query heads of kv heads 2 kv_head and 2 kv_head + 1 (ctx.group_size = 2G), a
+// staged row is both heads' rows side by side, each query row is zero in the other head's half
+// (load_q_tile_paired), so Q . K^T and P . V are the two heads' own; each row keeps its half of
+// O. The k / v scales are applied per row (the two heads' per-head scales may differ).
+template <int D, typename T, bool kFp8, int kStages = AttentionTraits<D, T, kFp8>::kDecodeStages, bool kPaired = false>
 __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContext& item_ctx, char* smem) {
   using Tr = AttentionTraits<D, T, kFp8>;
   ItemContext ctx = item_ctx;  // direct fp8 with a bf16 query: qk_scale takes the query's 2^-s
@@ -136,6 +142,24 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
   const int lane = threadIdx.x & 31;
   const int quad_row = lane >> 2;  // rows quad_row, quad_row + 8
   const int quad_col = lane & 3;
+  float row_k_scale[2] = {1.f, 1.f};  // kPaired: the k scale of each of this thread's rows
+  if constexpr (kPaired) {
+    static_assert(kFp8 && Tr::kDecodeDirectFp8, "paired kv heads: the direct fp8 decode path");
+    ctx.group_size = 2 * p.group_size;
+    const int context = ctx.item.seq_len - ctx.item.query_len;
+    const int first_pos = context + ctx.item.row_start / ctx.group_size;
+    const int last_pos = context + (ctx.item.row_start + ctx.item.num_rows - 1) / ctx.group_size;
+    ctx.lo_max = max(ctx.item.kv_start, first_visible(p, last_pos));
+    ctx.hi_min = min(ctx.item.kv_end - 1, last_visible(p, first_pos, ctx.item.seq_len));
+    ctx.qk_scale = p.scale;
+    ctx.v_scale = 1.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = quad_row + 8 * h;
+      const int kv = r < ctx.item.num_rows ? row_head(ctx, r) / p.group_size : 0;
+      row_k_scale[h] = p.k_scale_per_head != nullptr ? p.k_scale_per_head[kv] : p.k_scale;
+    }
+  }
 
   constexpr bool kDirect = Tr::kDecodeDirectFp8;
   constexpr int kStep = Tr::kDecodeStepTiles;         // 64-key tiles per pipeline step
@@ -147,7 +171,11 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
   char* stages = smem + kDecodeRows * Tr::kRowStride * 2;
   char* converted = stages + kStages * Tr::kDecodeStepBytes;  // fp8 with D % 32 != 0 only
 
-  load_q_tile<Tr, T>(p, ctx, kDecodeRows, q_smem);
+  if constexpr (kPaired) {
+    load_q_tile_paired<Tr, T>(p, ctx, q_smem);
+  } else {
+    load_q_tile<Tr, T>(p, ctx, kDecodeRows, q_smem);
+  }
   cp_async_commit();
   const int num_steps = (ctx.num_tiles + kStep - 1) / kStep;
   constexpr int kRows = TileCopy<Tr, kFp8>::kRowsPerThread;
@@ -167,7 +195,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     if (t * kStep < ctx.num_tiles) {
 #pragma unroll
       for (int i = 0; i < kStep; ++i) {
-        load_kv_tile<Tr, kFp8, kSwizzled>(p, ctx, t * kStep + i, blocks[i],
+        load_kv_tile<Tr, kFp8, kSwizzled, kPaired>(p, ctx, t * kStep + i, blocks[i],
                                           stages + t * Tr::kDecodeStepBytes + i * Tr::kDecodeTileBytes);
       }
     }
@@ -212,7 +240,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
       if (t * kStep < ctx.num_tiles) {
 #pragma unroll
         for (int i = 0; i < kStep; ++i) {
-          load_kv_tile<Tr, kFp8, kSwizzled>(p, ctx, t * kStep + i, blocks[i],
+          load_kv_tile<Tr, kFp8, kSwizzled, kPaired>(p, ctx, t * kStep + i, blocks[i],
                                             stages + (t % kStages) * Tr::kDecodeStepBytes + i * Tr::kDecodeTileBytes);
         }
       }
@@ -279,9 +307,18 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     }
     const int key0 = ctx.tile_base + step * kStep * kKeysPerTile;
     const bool masked = key0 < ctx.lo_max || key0 + kStep * kKeysPerTile - 1 > ctx.hi_min;
+    if constexpr (kPaired) {  // the general logit transform takes the true dot products
+      if (general) {
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[j][e] *= row_k_scale[e >> 1];
+      }
+    }
     const float factor = transform_scores<kNT>(s, p, ctx, rows, quad_row, key0 + warp * kWarpKeys, general, masked);
-    const float c0 = online_softmax_row<kNT>(s, 0, factor, m[0], l[0]);
-    const float c1 = online_softmax_row<kNT>(s, 1, factor, m[1], l[1]);
+    const bool row_factor = kPaired && !general;
+    const float c0 = online_softmax_row<kNT>(s, 0, row_factor ? factor * row_k_scale[0] : factor, m[0], l[0]);
+    const float c1 = online_softmax_row<kNT>(s, 1, row_factor ? factor * row_k_scale[1] : factor, m[1], l[1]);
     rescale_o(o, c0, c1);
 
     // O += P (16 x kWarpKeys) . V (kWarpKeys x D), one k16 step (16 keys) at a time.
@@ -406,17 +443,22 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
       lsum += weight[w] * merge_l[w * kDecodeRows + r];
     }
     const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-    const float out_scale = inv * ctx.v_scale;
+    float out_scale = inv * ctx.v_scale;
     const bool split = ctx.item.partial_row >= 0;
     const int token = row_token(ctx, r);
     const int head = row_head(ctx, r);
+    int col0 = 0;  // kPaired: the row's half of the D columns, and its head's v scale
+    if constexpr (kPaired) {
+      out_scale = inv * (p.v_scale_per_head != nullptr ? p.v_scale_per_head[head / p.group_size] : p.v_scale);
+      col0 = ((ctx.item.row_start + r) % ctx.group_size) / p.group_size * (D / 2);
+    }
     for (int c = threadIdx.x & 7; c < p.head_size_v / 8; c += 8) {
       float acc[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] = 0.f;
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        const float* src = merge_o + (w * kDecodeRows + r) * Tr::kMergeRowStride + c * 8;
+        const float* src = merge_o + (w * kDecodeRows + r) * Tr::kMergeRowStride + col0 + c * 8;
         const float4 a = *reinterpret_cast<const float4*>(src);
         const float4 b = *reinterpret_cast<const float4*>(src + 4);
         acc[0] += weight[w] * a.x; acc[1] += weight[w] * a.y;

@@ -20,6 +20,7 @@ struct AttentionKernelInfo {
   int ctas_per_sm = 0;      // resident CTAs per multiprocessor (occupancy)
   int rows_prefill = 0;     // rows of a prefill-path item
   int decode_step_tiles = 1;  // 64-key tiles of a decode-path pipeline step (mma / decode kernels)
+  int paired_decode_step_tiles = 0;  // the same for kv-head-pair items (0: the kernel runs none)
 };
 // Sets `kernel`'s shared-memory attribute on the current device (once) and reports its
 // occupancy. activation: f16 or bf16; fp8_kv: the cache holds fp8. Error when the kernel has no

@@ -39,6 +39,10 @@ constexpr bool wgmma_prefill_head_size(int d) { return d == 64 || d == 128 || d 
 constexpr bool ws_kernel_head_size(int d) { return d == 64 || d == 128 || d == 256; }
 constexpr bool ws_fp8_head_size(int d) { return d == 128 || d == 256; }  // with an fp8 cache
 constexpr bool decode_kernel_head_size(int d) { return d <= 128; }
+// Decode items over kv-head pairs (kItemPairedHeads, attention_plan.h): fp8 caches at head size
+// 64, whose one-head rows of 64 bytes stream slower than a pair's 128 (docs/perf/cuda.md). Such
+// an item runs the d 128 fp8 decode path inside the d 64 kernels.
+constexpr bool paired_decode_head_size(int d, bool fp8_kv) { return fp8_kv && d == 64; }
 
 // AttentionKernelParams::fp8_format of a cache dtype: 1 e4m3, 2 e5m2, 0 a 16-bit (or no) cache.
 constexpr int fp8_format_of(DType kv_dtype) {

@@ -25,11 +25,12 @@ namespace pagedattn::cuda {
 struct KVRowOffsets {
   int64_t k, v;
 };
+// heads_per_item: 2 for a kv-head pair (kItemPairedHeads: the pair's first head, 2 kv_head).
 __device__ __forceinline__ KVRowOffsets kv_row_offsets(const AttentionKernelParams& p,
                                                        const ItemContext& ctx, int pos, int block,
-                                                       int elem_bytes) {
+                                                       int elem_bytes, int heads_per_item = 1) {
   KVRowOffsets o;
-  const int g = ctx.item.kv_head;
+  const int g = ctx.item.kv_head * heads_per_item;
   if (p.paged) {
     const int offset = pos - page_index(p, ctx, pos) * p.block_size;
     o.k = (static_cast<int64_t>(block) * p.k_block_stride + offset * p.k_token_stride +
@@ -101,8 +102,9 @@ __device__ __forceinline__ int swizzled_chunk(int row, int chunk) {
 // fp8: raw rows of D bytes, kRawRowBytes apart, or (kSwizzle: the decode path's multi-tile steps,
 // D = 64 or 128) D bytes apart with their chunks swizzled (swizzled_chunk). kNarrow
 // (head_size_qk or head_size_v < D): the chunks past a row's k_chunks / v_chunks are zero-filled
-// (no global read).
-template <class Tr, bool kFp8, bool kNarrow, bool kSwizzle = false>
+// (no global read). kPaired (kItemPairedHeads, D = 2 x the layer's head size): a staged row is the
+// rows of heads 2 kv_head and 2 kv_head + 1 side by side (its second half read a head stride on).
+template <class Tr, bool kFp8, bool kNarrow, bool kSwizzle = false, bool kPaired = false>
 __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p, const ItemContext& ctx,
                                                   int tile, const int (&blocks)[TileCopy<Tr, kFp8>::kRowsPerThread],
                                                   char* stage, int k_chunks, int v_chunks) {
@@ -118,9 +120,26 @@ __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p
     if (row >= kKeysPerTile) continue;
     const int pos = ctx.tile_base + tile * kKeysPerTile + row;
     const bool valid = pos >= ctx.item.kv_start && pos < ctx.item.kv_end && blocks[i] >= 0;
-    const KVRowOffsets off = kv_row_offsets(p, ctx, valid ? pos : ctx.item.kv_start, blocks[i], kElemBytes);
+    const KVRowOffsets off =
+        kv_row_offsets(p, ctx, valid ? pos : ctx.item.kv_start, blocks[i], kElemBytes, kPaired ? 2 : 1);
     const char* k_src = static_cast<const char*>(p.key) + (valid ? off.k : 0);
     const char* v_src = static_cast<const char*>(p.value) + (valid ? off.v : 0);
+    // Byte offset of source chunk c in its row (kPaired: the second head's half a head stride on).
+    constexpr int kHalf = C::kChunks / 2;
+    const auto src_k = [&](int c) {
+      if constexpr (kPaired) {
+        return c < kHalf ? int64_t{c} * 16 : (c - kHalf) * 16 + p.k_head_stride * kElemBytes;
+      } else {
+        return c * 16;
+      }
+    };
+    const auto src_v = [&](int c) {
+      if constexpr (kPaired) {
+        return c < kHalf ? int64_t{c} * 16 : (c - kHalf) * 16 + p.v_head_stride * kElemBytes;
+      } else {
+        return c * 16;
+      }
+    };
     char* k_dst = stage + row * kRowBytes;
     char* v_dst = stage + kTileBytes + row * kRowBytes;
 #pragma unroll
@@ -128,26 +147,28 @@ __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p
       const int c = lane_chunk + k * C::kThreadsPerRow;
       int dst_c = c;
       if constexpr (kSwizzle) dst_c = swizzled_chunk<kRowBytes>(row, c);
-      cp_async_16(k_dst + dst_c * 16, k_src + c * 16, kNarrow ? valid && c < k_chunks : valid);
+      cp_async_16(k_dst + dst_c * 16, k_src + src_k(c), kNarrow ? valid && c < k_chunks : valid);
     }
 #pragma unroll
     for (int k = 0; k < C::kChunksPerThread; ++k) {
       const int c = lane_chunk + k * C::kThreadsPerRow;
       int dst_c = c;
       if constexpr (kSwizzle) dst_c = swizzled_chunk<kRowBytes>(row, c);
-      cp_async_16(v_dst + dst_c * 16, v_src + c * 16, kNarrow ? valid && c < v_chunks : valid);
+      cp_async_16(v_dst + dst_c * 16, v_src + src_v(c), kNarrow ? valid && c < v_chunks : valid);
     }
   }
 }
 
 // Equal head sizes (head_size_qk == head_size_v == D) take the unpredicated copies: the branch
 // is uniform over the launch.
-template <class Tr, bool kFp8, bool kSwizzle = false>
+template <class Tr, bool kFp8, bool kSwizzle = false, bool kPaired = false>
 __device__ __forceinline__ void load_kv_tile(const AttentionKernelParams& p, const ItemContext& ctx, int tile,
                                              const int (&blocks)[TileCopy<Tr, kFp8>::kRowsPerThread],
                                              char* stage) {
   constexpr int kD = Tr::kDTiles * 8;
-  if (p.head_size_qk == kD && p.head_size_v == kD) {
+  if constexpr (kPaired) {  // two whole rows of head_size_qk == head_size_v == D / 2
+    load_kv_tile_rows<Tr, kFp8, false, kSwizzle, true>(p, ctx, tile, blocks, stage, 0, 0);
+  } else if (p.head_size_qk == kD && p.head_size_v == kD) {
     load_kv_tile_rows<Tr, kFp8, false, kSwizzle>(p, ctx, tile, blocks, stage, 0, 0);
   } else {
     constexpr int kElemsPerChunk = kFp8 ? 16 : 8;
@@ -206,6 +227,37 @@ __device__ __forceinline__ void load_q_tile(const AttentionKernelParams& p, cons
       src += row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride + c * 8;
     }
     cp_async_16(q_smem + row * Tr::kRowStride + c * 8, src, valid);
+  }
+}
+
+// kItemPairedHeads (D = 2 x the layer's head size): row r, a query head of the pair's half
+// ((row_start + r) % 2G) / G, holds its query in columns [half D/2, (half + 1) D/2) of the
+// D-wide tile and zeros in the other half, so that Q . K^T over the pair's 128-byte rows is each
+// row's own head's dot product.
+template <class Tr, typename T>
+__device__ __forceinline__ void load_q_tile_paired(const AttentionKernelParams& p, const ItemContext& ctx,
+                                                   T* q_smem) {
+  constexpr int kHalfChunks = Tr::kChunks / 2;
+  const auto source = [&](int idx, int64_t& elem) {
+    const int row = idx / Tr::kChunks, c = idx - row * Tr::kChunks;
+    if (row >= ctx.item.num_rows) return false;
+    const int half = ((ctx.item.row_start + row) % ctx.group_size) / p.group_size;
+    if (c / kHalfChunks != half) return false;
+    elem = row_token(ctx, row) * p.q_token_stride + row_head(ctx, row) * p.q_head_stride + (c - half * kHalfChunks) * 8;
+    return true;
+  };
+  const auto destination = [&](int idx) {
+    const int row = idx / Tr::kChunks;
+    return q_smem + row * Tr::kRowStride + (idx - row * Tr::kChunks) * 8;
+  };
+  if (p.query_fp8) {
+    load_q8_rows<T>(p, kDecodeRows * Tr::kChunks, source, destination);
+    return;
+  }
+  for (int idx = threadIdx.x; idx < kDecodeRows * Tr::kChunks; idx += kThreadsPerCta) {
+    int64_t elem = 0;
+    const bool valid = source(idx, elem);
+    cp_async_16(destination(idx), static_cast<const T*>(p.query) + (valid ? elem : 0), valid);
   }
 }
 

@@ -41,7 +41,18 @@ struct KernelVariantTraits {
   static constexpr bool kValid = kVariant == kVariantMma || (kWgmma && W::kSupported && !kFp8);
   static_assert(kValid, "no such kernel variant for this head size / cache");
   static constexpr int kPrefillSmem = kWgmma ? W::kSmemBytes : Tr::kPrefillSmem;
-  static constexpr int kSmemBytes = kPrefillSmem > Tr::kDecodeSmem ? kPrefillSmem : Tr::kDecodeSmem;
+  // Items over kv-head pairs run the D x 2 decode path (paired_decode_head_size).
+  static constexpr bool kPairs = paired_decode_head_size(D, kFp8);
+  static constexpr int decode_smem() {
+    if constexpr (kPairs) {
+      return AttentionTraits<2 * D, T, kFp8>::kDecodeSmem > Tr::kDecodeSmem ? AttentionTraits<2 * D, T, kFp8>::kDecodeSmem
+                                                                            : Tr::kDecodeSmem;
+    } else {
+      return Tr::kDecodeSmem;
+    }
+  }
+  static constexpr int kDecodeSmem = decode_smem();
+  static constexpr int kSmemBytes = kPrefillSmem > kDecodeSmem ? kPrefillSmem : kDecodeSmem;
   static constexpr int kMinCtasPerSm = Tr::kMinCtasPerSm;
 };
 
@@ -53,7 +64,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, KernelVariantTraits<D, T, kFp8
   const int num_items = p.header->num_work_items;
   for (int i = blockIdx.x; i < num_items; i += gridDim.x) {
     const ItemContext ctx = make_item_context(p, p.items[i]);
-    if (ctx.item.flags & kItemDecodePath) {
+    if (V::kPairs && (ctx.item.flags & kItemPairedHeads)) {
+      if constexpr (V::kPairs) run_decode_item<2 * D, T, kFp8, AttentionTraits<2 * D, T, kFp8>::kDecodeStages, true>(p, ctx, smem);
+    } else if (ctx.item.flags & kItemDecodePath) {
       run_decode_item<D, T, kFp8>(p, ctx, smem);
     } else if constexpr (V::kWgmma) {
       run_prefill_item_wgmma<D, T>(p, ctx, smem);

@@ -14,10 +14,15 @@
 //     (about 100 KB), 2 CTAs an SM (registers <= 255): 128 KB in flight per SM while the CTAs
 //     compute (at D = 128, 3 CTAs of 2 stages: 96 KB, 10% slower);
 //   other fp8 head sizes: 3 stages of one tile, 3 CTAs.
+// fp8 at D = 64 also runs items over kv-head pairs (kItemPairedHeads) on the D = 128 path: one
+// head's 64-byte rows in an NHD page stream at about 70% of the copy rate, a pair's 128-byte rows
+// near the full rate (bench/kv_access_probe; the planner pairs large decode batches).
 #pragma once
 
 #include "backends/cuda/attention/decode_path.cuh"
 #include "backends/cuda/attention/kernel_selection.h"
+
+#include <algorithm>
 
 namespace pagedattn::cuda {
 
@@ -26,9 +31,19 @@ struct DecodeKernelTraits {
   using Tr = AttentionTraits<D, T, kFp8>;
   static constexpr bool kExists = decode_kernel_head_size(D);
   static constexpr int kStages = kFp8 ? 3 : 2;
-  static constexpr int kSmemBytes =
+  static constexpr int kOwnSmemBytes =
       kDecodeRows * Tr::kRowStride * 2 + kStages * Tr::kDecodeStepBytes + Tr::kDecodeConvertedBytes;
-  static_assert(Tr::kMergeBytes <= kSmemBytes - kDecodeRows * Tr::kRowStride * 2);
+  static_assert(Tr::kMergeBytes <= kOwnSmemBytes - kDecodeRows * Tr::kRowStride * 2);
+  // Items over kv-head pairs run the D x 2 path (paired_decode_head_size).
+  static constexpr bool kPairs = paired_decode_head_size(D, kFp8);
+  static constexpr int smem_bytes() {
+    if constexpr (kPairs) {
+      return std::max(kOwnSmemBytes, DecodeKernelTraits<2 * D, T, kFp8>::kOwnSmemBytes);
+    } else {
+      return kOwnSmemBytes;
+    }
+  }
+  static constexpr int kSmemBytes = smem_bytes();
   static constexpr int kMinCtasPerSm = Tr::kDecodeStepTiles > 1 ? 2 : 3;
 };
 
@@ -49,6 +64,14 @@ __global__ void __launch_bounds__(kThreadsPerCta, DecodeKernelTraits<D, T, kFp8>
       slice.row_start += r0;
       slice.num_rows = min(kDecodeRows, item.num_rows - r0);
       if (slice.partial_row >= 0) slice.partial_row += r0;
+      if constexpr (DecodeKernelTraits<D, T, kFp8>::kPairs) {
+        if (slice.flags & kItemPairedHeads) {
+          run_decode_item<2 * D, T, kFp8, DecodeKernelTraits<2 * D, T, kFp8>::kStages, true>(
+              p, make_item_context(p, slice), smem);
+          __syncthreads();
+          continue;
+        }
+      }
       run_decode_item<D, T, kFp8, kStages>(p, make_item_context(p, slice), smem);
       __syncthreads();  // shared memory is reused by the next slice
     }

@@ -36,6 +36,7 @@ namespace {
 
 constexpr int kMinTilesPerSplit = 2;
 constexpr int64_t kMinDecodeKernelChunk = 8;  // tiles of a split item on the decode-only kernel
+constexpr int64_t kMinPairedTilesPerCta = 16;  // decode tiles a CTA that make kv-head pairs pay
 
 int tiles_of(const KeyRange& r) {
   if (r.end <= r.start) return 0;
@@ -107,7 +108,7 @@ WorkItem split_part(const WorkItem& it, int s, int n) {
     part.kv_start = std::max(it.kv_start, t_begin * kKeysPerTile);
     part.kv_end = std::min(it.kv_end, t_end * kKeysPerTile);
   }
-  part.flags = (it.flags & kItemDecodePath) | (s == 0 ? (it.flags & kItemOwnsSink) : 0);
+  part.flags = (it.flags & (kItemDecodePath | kItemPairedHeads)) | (s == 0 ? (it.flags & kItemOwnsSink) : 0);
   return part;
 }
 
@@ -216,6 +217,22 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
       }
     }
   };
+  // Paired kv heads (no cascade): a request whose rows of two heads fit the decode path gets one
+  // item per kv-head pair (kItemPairedHeads: kv_head = the pair, rows token * 2G + h), when the
+  // batch's decode keys give each CTA at least kMinPairedTilesPerCta tiles (or the decode-only
+  // kernel is forced): pairs stream a large batch faster, while a small one, cut into short
+  // splits, runs each split item slower on the pairs' wider path (docs/perf/cuda.md).
+  bool pairs = config.pair_kv_heads && !cascade && config.num_kv_heads % 2 == 0;
+  if (pairs && !config.force_decode_kernel) {
+    int64_t decode_tiles = 0;
+    for (int r = 0; r < num_reqs; ++r) {
+      const int q = query_start_loc[r + 1] - query_start_loc[r];
+      if (q <= 0 || 2 * q * G > kDecodeRows) continue;
+      decode_tiles += int64_t{config.num_kv_heads} * tiles_of(visible_key_range(config, q, seq_lens[r], 0, q - 1));
+    }
+    const int64_t ctas = config.decode_resident_ctas > 0 ? config.decode_resident_ctas : config.resident_ctas;
+    pairs = decode_tiles >= kMinPairedTilesPerCta * ctas;
+  }
   for (int r = 0; r < num_reqs; ++r) {
     const int q = query_start_loc[r + 1] - query_start_loc[r];
     if (q <= 0) continue;
@@ -225,6 +242,21 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
     proto.query_len = q;
     proto.seq_len = seq_lens[r];
     proto.flags = kItemOwnsSink;
+    if (pairs && 2 * q * G <= kDecodeRows) {
+      const KeyRange range = visible_key_range(config, q, seq_lens[r], 0, q - 1);
+      for (int j = 0; j < config.num_kv_heads / 2; ++j) {
+        WorkItem it = proto;
+        it.kv_head = j;
+        it.row_start = 0;
+        it.num_rows = 2 * q * G;
+        it.kv_start = range.start;
+        it.kv_end = range.end;
+        it.flags = proto.flags | kItemDecodePath | kItemPairedHeads;
+        it.partial_row = -1;
+        base.push_back(it);
+      }
+      continue;
+    }
     add_tiles(proto, q * G, [&](int t0, int t1) {
       KeyRange range = visible_key_range(config, q, seq_lens[r], t0, t1);
       if (cascade) {
@@ -289,11 +321,10 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
     for (const WorkItem& it : base) total_tiles += tiles_of(KeyRange{it.kv_start, it.kv_end});
     ideal = std::max<int64_t>(kMinTilesPerSplit, (total_tiles + resident - 1) / resident);
   }
-  // A decode-path item runs in steps of decode_step_tiles tiles (fp8 at D = 64 / 128: 4 / 2): a
-  // chunk shorter than a step only adds zero-filled tiles.
-  if (ideal > 0 && config.decode_step_tiles > 1) {
-    ideal = (ideal + config.decode_step_tiles - 1) / config.decode_step_tiles * config.decode_step_tiles;
-  }
+  // A decode-path item runs in steps of decode_step_tiles tiles (fp8 at D = 64 / 128: 4 / 2; a
+  // kv-head pair's: 2): a chunk shorter than a step only adds zero-filled tiles.
+  const int step = pairs ? config.paired_decode_step_tiles : config.decode_step_tiles;
+  if (ideal > 0 && step > 1) ideal = (ideal + step - 1) / step * step;
   if (ideal > 0) {
     for (;;) {
       int64_t partial_rows = 0;
@@ -349,6 +380,7 @@ AttentionPlan make_attention_plan(const PlannerConfig& config, std::span<const i
     c.row_start = it.row_start;
     c.num_rows = it.num_rows;
     c.kv_head = it.kv_head;
+    c.group_size = (it.flags & kItemPairedHeads) ? 2 * G : 0;
     c.num_splits = n;
     c.partial_row = plan.partial_rows;
     if (has_prefix) {

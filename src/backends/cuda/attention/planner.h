@@ -33,6 +33,12 @@ struct PlannerConfig {
   bool force_decode_kernel = false;  // decode batches take it even when their chunks are short
   int64_t decode_kernel_max_tiles = 0;  // > 0: decode batches of more 64-key tiles do not take it
   int decode_step_tiles = 1;     // tiles of a decode-path pipeline step: split chunks are multiples
+  // Decode rows of two kv heads in one item where they fit 16 rows (kItemPairedHeads; an even
+  // num_kv_heads, no cascade), in batches of at least 16 decode tiles a CTA (every batch when the
+  // decode-only kernel is forced): the fp8 d 64 decode, whose 64-byte rows of one head stream
+  // slower than the 128-byte rows of a pair (docs/perf/cuda.md).
+  bool pair_kv_heads = false;
+  int paired_decode_step_tiles = 1;  // decode_step_tiles of a plan with paired items
   bool positional = true;        // false: cross-attention (every key visible)
   bool causal = true;
   std::optional<int> sliding_window;  // W: |k - p| <= W - 1 (causal: p - k <= W - 1)

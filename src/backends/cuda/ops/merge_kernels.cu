@@ -80,8 +80,9 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const CombineKernel
       __syncwarp();
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int m = it.row_start + r;
-      const int token = it.query_start + m / p.group_size;
-      const int head = it.kv_head * p.group_size + m % p.group_size;
+      const int group = it.group_size > 0 ? it.group_size : p.group_size;  // kv-head pairs: 2G
+      const int token = it.query_start + m / group;
+      const int head = it.kv_head * group + m % group;
       const int64_t out = token * p.o_token_stride + head * p.o_head_stride;
       const bool fp8_out = p.output_scale != nullptr;
       const float q = output_quant_factor(p.output_scale);
