@@ -18,7 +18,8 @@
 //   decode:  auto = the decode-only kernel for batches of decodes at head sizes <= 128, but not the
 //            smallest (chunks under 8 tiles) nor, where the warp-specialized kernel runs with a
 //            16-bit cache, the large ones (over 32 64-key tiles per SM); decode = the decode-only
-//            kernel for every batch of decodes; unified = never.
+//            kernel for every batch of decodes (and, with an fp8 cache at head size 64, kv-head
+//            pairs for every batch, not only the large ones: planner.h); unified = never.
 //   mla:     auto = the wgmma kernel for >= 64 heads with a 16-bit cache on sm_90a, mma.sync
 //            elsewhere; mma = the mma.sync kernel for every head count.
 // The builders read the override once, at construction, and store the kernel they chose in each
