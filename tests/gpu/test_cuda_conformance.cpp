@@ -637,20 +637,6 @@ TEST(CudaPlanner, DecodePlanBalancesWaves) {
   mixed_qsl.push_back(mixed_qsl.back() + 40);
   mixed_lens.push_back(200);
   EXPECT_FALSE(make_attention_plan(config, mixed_qsl, mixed_lens).decode_kernel);
-
-  // Decode steps of 4 tiles (fp8 at head size 64): one request of 2048 keys (32 tiles a kv head)
-  // on the unified kernel's 264 CTAs would be cut in 2-tile chunks; it is cut in 4-tile ones.
-  const std::vector<int32_t> short_len = {2048};
-  const auto shortest_chunk = [&] {
-    int tiles = 1 << 30;
-    for (const WorkItem& it : make_attention_plan(config, one_qsl, short_len).items) {
-      tiles = std::min(tiles, (it.kv_end - it.kv_start + kKeysPerTile - 1) / kKeysPerTile);
-    }
-    return tiles;
-  };
-  EXPECT_EQ(shortest_chunk(), 2);
-  config.decode_step_tiles = 4;
-  EXPECT_EQ(shortest_chunk(), 4);
 }
 
 // Host-only: the cascade plan covers every (kv head, query row) exactly once with keys [0, P)
