@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dcp/dcp_steps.h"
+#include "gpu/gpu_test_util.h"
 #include "gpu_dcp/nccl_ranks.h"
 #include "pagedattn/dcp_nccl.h"
 #include "pagedattn/pagedattn.h"
@@ -41,24 +42,10 @@ std::vector<int> run_ranks(int n, const std::function<void(int, DcpCommunicator&
 }
 
 Tensor random_device(Shape shape, uint64_t seed, float lo = -1.f, float hi = 1.f) {
-  Tensor t(shape, DType::bf16, Device::cpu);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), DType::bf16, i, dist(rng));
-  return t.to(Device::cuda);
+  return gpu_test::random_host(shape, DType::bf16, seed, lo, hi).to(Device::cuda);
 }
 
-// ||a - b|| / ||b||; a non-finite element of a (an unwritten, poisoned output) gives +inf.
-double rel_error(const Tensor& a, const Tensor& b) {
-  double diff2 = 0, ref2 = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = load_f64(a.data(), a.dtype(), i), y = load_f64(b.data(), b.dtype(), i);
-    if (!std::isfinite(x)) return INFINITY;
-    diff2 += (x - y) * (x - y);
-    ref2 += y * y;
-  }
-  return std::sqrt(diff2 / std::max(ref2, 1e-30));
-}
+using gpu_test::rel_error;
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
@@ -273,19 +260,7 @@ TEST(DcpNccl, PlannedDecodeStepReplaysInACudaGraph) {
 constexpr int kMlaBlock = 64, kMlaHeads = 16, kL = 512, kNope = 128, kRope = 64, kV = 128;
 
 MLAAttentionLayerParams mla_params() {
-  MLAAttentionLayerParams p;
-  p.num_heads = kMlaHeads;
-  p.kv_lora_rank = kL;
-  p.qk_nope_head_dim = kNope;
-  p.qk_rope_head_dim = kRope;
-  p.qk_head_dim = kNope + kRope;
-  p.v_head_dim = kV;
-  p.block_size = kMlaBlock;
-  p.dtype = DType::bf16;
-  p.device = Device::cuda;
-  p.backend = "CUDA_MLA";
-  p.prefix = "layer.0";
-  return p;
+  return gpu_test::deepseek_mla_params(kMlaHeads, "auto", kMlaBlock, "CUDA_MLA", Device::cuda);
 }
 
 struct MlaInputs {

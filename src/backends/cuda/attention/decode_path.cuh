@@ -146,11 +146,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
   if constexpr (kPaired) {
     static_assert(kFp8 && Tr::kDecodeDirectFp8, "paired kv heads: the direct fp8 decode path");
     ctx.group_size = 2 * p.group_size;
-    const int context = ctx.item.seq_len - ctx.item.query_len;
-    const int first_pos = context + ctx.item.row_start / ctx.group_size;
-    const int last_pos = context + (ctx.item.row_start + ctx.item.num_rows - 1) / ctx.group_size;
-    ctx.lo_max = max(ctx.item.kv_start, first_visible(p, last_pos));
-    ctx.hi_min = min(ctx.item.kv_end - 1, last_visible(p, first_pos, ctx.item.seq_len));
+    set_row_visibility(p, ctx, ctx.group_size);
     ctx.qk_scale = p.scale;
     ctx.v_scale = 1.f;
 #pragma unroll

@@ -125,17 +125,10 @@ __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p
     const char* k_src = static_cast<const char*>(p.key) + (valid ? off.k : 0);
     const char* v_src = static_cast<const char*>(p.value) + (valid ? off.v : 0);
     // Byte offset of source chunk c in its row (kPaired: the second head's half a head stride on).
-    constexpr int kHalf = C::kChunks / 2;
-    const auto src_k = [&](int c) {
+    const auto src = [&](int c, int64_t head_stride) {
       if constexpr (kPaired) {
-        return c < kHalf ? int64_t{c} * 16 : (c - kHalf) * 16 + p.k_head_stride * kElemBytes;
-      } else {
-        return c * 16;
-      }
-    };
-    const auto src_v = [&](int c) {
-      if constexpr (kPaired) {
-        return c < kHalf ? int64_t{c} * 16 : (c - kHalf) * 16 + p.v_head_stride * kElemBytes;
+        constexpr int kHalf = C::kChunks / 2;
+        return c < kHalf ? int64_t{c} * 16 : (c - kHalf) * 16 + head_stride * kElemBytes;
       } else {
         return c * 16;
       }
@@ -147,14 +140,14 @@ __device__ __forceinline__ void load_kv_tile_rows(const AttentionKernelParams& p
       const int c = lane_chunk + k * C::kThreadsPerRow;
       int dst_c = c;
       if constexpr (kSwizzle) dst_c = swizzled_chunk<kRowBytes>(row, c);
-      cp_async_16(k_dst + dst_c * 16, k_src + src_k(c), kNarrow ? valid && c < k_chunks : valid);
+      cp_async_16(k_dst + dst_c * 16, k_src + src(c, p.k_head_stride), kNarrow ? valid && c < k_chunks : valid);
     }
 #pragma unroll
     for (int k = 0; k < C::kChunksPerThread; ++k) {
       const int c = lane_chunk + k * C::kThreadsPerRow;
       int dst_c = c;
       if constexpr (kSwizzle) dst_c = swizzled_chunk<kRowBytes>(row, c);
-      cp_async_16(v_dst + dst_c * 16, v_src + src_v(c), kNarrow ? valid && c < v_chunks : valid);
+      cp_async_16(v_dst + dst_c * 16, v_src + src(c, p.v_head_stride), kNarrow ? valid && c < v_chunks : valid);
     }
   }
 }

@@ -119,6 +119,16 @@ __device__ __forceinline__ int last_visible(const AttentionKernelParams& p, int 
   return p.window_right >= 0 ? min(seq_len - 1, pos + p.window_right) : seq_len - 1;
 }
 
+// ctx.lo_max / hi_min of the item's rows, packed `group` to a token.
+__device__ __forceinline__ void set_row_visibility(const AttentionKernelParams& p, ItemContext& ctx, int group) {
+  const WorkItem& item = ctx.item;
+  const int context = item.seq_len - item.query_len;
+  const int first_pos = context + item.row_start / group;
+  const int last_pos = context + (item.row_start + item.num_rows - 1) / group;
+  ctx.lo_max = max(item.kv_start, first_visible(p, last_pos));
+  ctx.hi_min = min(item.kv_end - 1, last_visible(p, first_pos, item.seq_len));
+}
+
 __device__ __forceinline__ ItemContext make_item_context(const AttentionKernelParams& p,
                                                          const WorkItem& item) {
   ItemContext ctx;
@@ -128,11 +138,7 @@ __device__ __forceinline__ ItemContext make_item_context(const AttentionKernelPa
   ctx.num_tiles = item.kv_end > item.kv_start
                       ? (item.kv_end - ctx.tile_base + kKeysPerTile - 1) / kKeysPerTile
                       : 0;
-  const int context = item.seq_len - item.query_len;
-  const int first_pos = context + item.row_start / p.group_size;
-  const int last_pos = context + (item.row_start + item.num_rows - 1) / p.group_size;
-  ctx.lo_max = max(item.kv_start, first_visible(p, last_pos));
-  ctx.hi_min = min(item.kv_end - 1, last_visible(p, first_pos, item.seq_len));
+  set_row_visibility(p, ctx, p.group_size);
   const float k_scale = p.k_scale_per_head != nullptr ? p.k_scale_per_head[item.kv_head] : p.k_scale;
   ctx.v_scale = p.v_scale_per_head != nullptr ? p.v_scale_per_head[item.kv_head] : p.v_scale;
   ctx.qk_scale = p.scale * k_scale;
