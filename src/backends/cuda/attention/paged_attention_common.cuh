@@ -240,20 +240,29 @@ __device__ __forceinline__ float transform_scores(float (&s)[NT][4], const Atten
 
 // ---- online softmax --------------------------------------------------------------------------
 
-// Updates (m, l) of one thread's row with a tile of scores: s[j][2*half + e] are the thread's
-// NT*2 scores of the row, base-2 logits after multiplying by `factor` (> 0; masked ones are -inf);
-// they become P. Returns the row's correction e^(m_old - m_new) for its O (rescale_o): exactly 1
-// when the maximum did not move (exp2(0)).
+// The online softmax of one thread's row, in two parts (online_softmax_row runs both): s[j][2*half
+// + e] are the thread's NT*2 scores of the row, base-2 logits after multiplying by `factor` (> 0;
+// masked ones are -inf).
+// Part 1: the row's new running maximum (over the quad) and the exponent base; returns the row's
+// correction e^(m_old - m_new) for its O (rescale_o): exactly 1 when the maximum did not move.
 template <int NT>
-__device__ __forceinline__ float online_softmax_row(float (&s)[NT][4], int half, float factor, float& m, float& l) {
+__device__ __forceinline__ float softmax_row_max(const float (&s)[NT][4], int half, float factor, float& m,
+                                                 float& base) {
   float mx = neg_inf();
 #pragma unroll
   for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * half], s[j][2 * half + 1]));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   const float m_new = fmaxf(m, mx * factor);
-  const float base = m_new == neg_inf() ? 0.f : m_new;
+  base = m_new == neg_inf() ? 0.f : m_new;
   const float correction = fast_exp2(m - base);
+  m = m_new;
+  return correction;
+}
+// Part 2: the scores become P = 2^(s * factor - base); l = l * correction + their sum.
+template <int NT>
+__device__ __forceinline__ void softmax_row_exp(float (&s)[NT][4], int half, float factor, float base,
+                                                float correction, float& l) {
   float sum = 0.f;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -262,8 +271,28 @@ __device__ __forceinline__ float online_softmax_row(float (&s)[NT][4], int half,
     sum += s[j][2 * half] + s[j][2 * half + 1];
   }
   l = l * correction + sum;
-  m = m_new;
+}
+// Updates (m, l) of one thread's row with a tile of scores, which become P; returns the row's
+// correction for its O.
+template <int NT>
+__device__ __forceinline__ float online_softmax_row(float (&s)[NT][4], int half, float factor, float& m, float& l) {
+  float base;
+  const float correction = softmax_row_max<NT>(s, half, factor, m, base);
+  softmax_row_exp<NT>(s, half, factor, base, correction, l);
   return correction;
+}
+
+// O *= the corrections of the thread's two rows (o[d][0..1]: row r, o[d][2..3]: row r + 8), always:
+// in a straight-line loop body the multiplies fill the exponentials' issue gaps.
+template <int DT>
+__device__ __forceinline__ void rescale_o_always(float (&o)[DT][4], float c0, float c1) {
+#pragma unroll
+  for (int d = 0; d < DT; ++d) {
+    o[d][0] *= c0;
+    o[d][1] *= c0;
+    o[d][2] *= c1;
+    o[d][3] *= c1;
+  }
 }
 
 // O *= the corrections of the thread's two rows (o[d][0..1]: row r, o[d][2..3]: row r + 8),

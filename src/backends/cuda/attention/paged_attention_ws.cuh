@@ -35,7 +35,12 @@
 //   wait for S_{t+1}; logit transform / masks (transform_scores) and online softmax of S_{t+1}
 //        while P_t . V_t runs on the tensor core;
 //   wait for P_t . V_t; release stage t; O *= the correction of t+1; P_{t+1} packed.
-// The two consumers run unsynchronized: one's softmax overlaps the other's MMAs too.
+// A tile with no mask and no general logit transform (most tiles of a long item) runs that body
+// as one branch-free block (no per-warp or rescale branches), so the compiler interleaves the
+// exponentials with the packing of P and the wait for P_t . V_t: the consumers' per-tile chain,
+// not the tensor core, sets the tile time (docs/perf/cuda.md).
+// The two consumers run unsynchronized: one's softmax overlaps the other's MMAs too (alternating
+// their MMA issues with FlashAttention-3's turn barriers measured slower here).
 // Decode-path items (<= 16 rows, copy-bound) run each tile in order (S, softmax, P . V) and
 // release its stage at once, which keeps more stages in flight than the pipelined order (that one
 // holds stage t until tile t + 1 has landed); the two consumers' chains overlap.
@@ -279,8 +284,13 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       }
     }
     // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
-  #pragma unroll 1
-    for (int t = 0; t + 1 < active; ++t) {
+    // A tile that needs no mask and no general logit transform (most tiles of a long item) runs as
+    // one straight-line block: every warp computes (rows past the item are never stored), O is
+    // rescaled unconditionally, and the compiler interleaves the exponentials with the wait for
+    // P_t . V_t, the rescale and the packing of P (FlashAttention-3's loop body). Other tiles take the
+    // general order (masks, transforms, warps without rows skip their softmax, rescale when needed).
+    auto pipelined_step = [&](int t, auto fast_tag) {
+      constexpr bool kFast = decltype(fast_tag)::value;
       RingPos nxt = ring;
       nxt.template advance<W::kStages>();
       trace.mark(kWsMarkStart);
@@ -301,7 +311,17 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       sync.release_k(nxt.stage);  // K_{t+1} read
       if (t + 2 == active) release_q();  // that was the last S: Q may be refilled
       float c0 = 1.f, c1 = 1.f;
-      if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
+      if constexpr (kFast) {
+        const float f0 = ctx.qk_scale * kLog2e * (kFp8 ? q_row_scale[0] : 1.f);
+        const float f1 = ctx.qk_scale * kLog2e * (kFp8 ? q_row_scale[1] : 1.f);
+        float b0, b1;
+        c0 = softmax_row_max<W::kScoreTiles>(s, 0, f0, m[0], b0);
+        c1 = softmax_row_max<W::kScoreTiles>(s, 1, f1, m[1], b1);
+        softmax_row_exp<W::kScoreTiles>(s, 0, f0, b0, c0, l[0]);
+        softmax_row_exp<W::kScoreTiles>(s, 1, f1, b1, c1, l[1]);
+      } else {
+        if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
+      }
       trace.mark(kWsMarkSoftmax);
       wgmma::wait<0>();
       wgmma::reg_fence(o);
@@ -309,9 +329,25 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       trace.mark(kWsMarkPv);
       trace.next();
       sync.release_v(ring.stage);  // V_t read (the whole stage t unless split)
-      rescale_o(o, c0, c1);
+      if constexpr (kFast) {
+        rescale_o_always(o, c0, c1);
+      } else {
+        rescale_o(o, c0, c1);
+      }
       pack();
       ring = nxt;
+    };
+    // (fp8 at D = 128: the compiler waits for P_t . V_t before the exponentials in that block, and
+    // it measured no faster: docs/perf/cuda.md.)
+    constexpr bool kFastSteps = !kFp8 || D == 256;
+  #pragma unroll 1
+    for (int t = 0; t + 1 < active; ++t) {
+      const int key0 = tiles.base + (t + 1) * W::kKeys;
+      if (kFastSteps && !general && key0 >= ctx.lo_max && key0 + W::kKeys - 1 <= ctx.hi_min) {
+        pipelined_step(t, std::true_type{});
+      } else {
+        pipelined_step(t, std::false_type{});
+      }
     }
     if (active > 0) {  // the last computed tile: P . V alone
       sync.wait_v(ring.stage, ring.phase);
