@@ -428,9 +428,9 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
 
   // Epilogue: normalized rows straight from registers (16-bit pairs, or f32 partials for a split).
   const bool split = ctx.item.partial_row >= 0;
-#pragma unroll
   const bool fp8_out = p.output_scale != nullptr;
   const float q = output_quant_factor(p.output_scale);
+#pragma unroll  // (o[d][2 e] must stay in registers: a loop over e left rolled puts O on the stack)
   for (int e = 0; e < 2; ++e) {
     const int r = r0 + 8 * e;
     const float lsum = quad_sum(l[e]);
