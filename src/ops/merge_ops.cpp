@@ -4,7 +4,8 @@
 // What it computes, per token t and head h (lp = prefix_lse[h, t], ls = suffix_lse[h, t],
 // natural log; an LSE of +inf is read as -inf, as vLLM does: FA2 writes +inf for empty rows):
 //   t >= prefill_tokens_with_context (when >= 0):  out = suffix_output, lse = ls
-//   m = max(lp, ls) == -inf (both empty):            out = prefix_output, lse = -inf
+//   lp = ls = -inf (both empty):                     out = prefix_output, lse = -inf
+//   (a NaN LSE, from a NaN logit, gives NaN out and lse, whichever side it is on)
 //   otherwise: wp = e^{lp-m}, ws = e^{ls-m}
 //              out = (wp * prefix_output + ws * suffix_output) / (wp + ws), lse = log(wp + ws) + m
 // Shapes: output / prefix_output / suffix_output (T, H, D), any strides, one dtype (f32/f16/bf16);
@@ -77,8 +78,8 @@ void merge_host(const TensorView& output, const TensorView& prefix_output,
         }
         out_lse = ls;
       } else {
-        const float m = std::max(lp, ls);
-        if (m == neg_inf) {  // both partial results are empty
+        const float m = std::max(lp, ls);  // NaN when lp is; ls = NaN: wp, ws NaN below
+        if (lp == neg_inf && ls == neg_inf) {  // both partial results are empty (not NaN)
           for (int64_t i = 0; i < head_size; ++i) {
             store_f32(output.data(), dtype, offset(output, t, h, i),
                       load_f32(prefix_output.data(), dtype, offset(prefix_output, t, h, i)));

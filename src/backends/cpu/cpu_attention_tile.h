@@ -322,10 +322,19 @@ inline void softmax_tile(const ItemContext& c, int ra, int rb, int t0, int n, in
       // (the normalisation and the LSE use m and l together). Only a larger jump rescales.
       if (m_old != kNegInf && tile_max <= m_old + Ops::kRescaleSlack) m_new = m_old;
     }
-    if (m_new == kNegInf) {  // every visible logit is -inf: nothing to add yet
-      c.alpha[i] = 1.f;
-      Ops::zero_p_row(c.p, i);
-      continue;
+    if (m_new == kNegInf) {
+      // Every visible logit is -inf or NaN (rare: never with finite logits). The max reductions
+      // drop a NaN (Vec::max / hmax return their second operand when either is NaN), so a row
+      // whose only visible logits here are NaN lands here too: it must become NaN (REFERENCE:
+      // e^{NaN - m}), not get weight 0. Its logits are in srow, masked ones already -inf.
+      bool nan = false;
+      for (int j = lo - t0; j < hi - t0; ++j) nan |= srow[j] != srow[j];
+      if (!nan) {  // every visible logit is -inf: nothing to add yet
+        c.alpha[i] = 1.f;
+        Ops::zero_p_row(c.p, i);
+        continue;
+      }
+      m_new = __builtin_nanf("");  // P, l, O and the LSE of the row NaN from here on
     }
     const float alpha = m_old == kNegInf ? 0.f : std::exp(m_old - m_new);
     const V vm = Vec::set1(m_new);

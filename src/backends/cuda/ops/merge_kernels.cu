@@ -6,7 +6,8 @@
 //
 // Both compute, per (token, head) row with partial states (o_i, lse_i) (natural log):
 //   M = max_i lse_i;  w_i = e^{lse_i - M};  o = sum_i w_i o_i / sum_i w_i;  lse = M + log sum_i w_i
-// (+inf counts as -inf; all -inf: the first state is copied and lse = -inf).
+// (+inf counts as -inf; all -inf: the first state is copied and lse = -inf; the two-way merge
+// gives NaN when either LSE is NaN, as the host merge_attn_states).
 //
 // Tiling: one warp per row; lanes walk the head dimension in 4-element vectors (16-byte f32
 // loads of the partials; 8-byte 16-bit stores). Memory traffic: each partial read once, the
@@ -144,7 +145,8 @@ __global__ void __launch_bounds__(128) merge_attn_states_kernel(const MergeParam
     T* out = static_cast<T*>(p.output) + t * p.out_strides[0] + h * p.out_strides[1];
     const bool suffix_only = p.prefill_tokens_with_context >= 0 && t >= p.prefill_tokens_with_context;
     const float m = fmaxf(lp, ls);
-    const bool copy_prefix = !suffix_only && m == neg_inf();
+    // Both empty (not NaN: fmaxf drops a NaN LSE, which must give NaN as the host merge does).
+    const bool copy_prefix = !suffix_only && lp == neg_inf() && ls == neg_inf();
     float wp = 0.f, ws = 1.f, lse = ls;
     if (copy_prefix) {
       wp = 1.f;
