@@ -282,8 +282,8 @@ __device__ __forceinline__ float online_softmax_row(float (&s)[NT][4], int half,
   return correction;
 }
 
-// O *= the corrections of the thread's two rows (o[d][0..1]: row r, o[d][2..3]: row r + 8), always:
-// in a straight-line loop body the multiplies fill the exponentials' issue gaps.
+// O *= the corrections of the thread's two rows (o[d][0..1]: row r, o[d][2..3]: row r + 8),
+// unconditionally: in a branch-free loop body the multiplies fill the exponentials' issue gaps.
 template <int DT>
 __device__ __forceinline__ void rescale_o_always(float (&o)[DT][4], float c0, float c1) {
 #pragma unroll
@@ -295,20 +295,11 @@ __device__ __forceinline__ void rescale_o_always(float (&o)[DT][4], float c0, fl
   }
 }
 
-// O *= the corrections of the thread's two rows (o[d][0..1]: row r, o[d][2..3]: row r + 8),
-// skipped (warp-uniformly) when no row of the warp got a new maximum: after the first tiles the
-// common case, which saves D/4 multiplies a thread and tile.
+// The same, skipped (warp-uniformly) when no row of the warp got a new maximum: after the first
+// tiles the common case, which saves D/4 multiplies a thread and tile.
 template <int DT>
 __device__ __forceinline__ void rescale_o(float (&o)[DT][4], float c0, float c1) {
-  if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
-#pragma unroll
-    for (int d = 0; d < DT; ++d) {
-      o[d][0] *= c0;
-      o[d][1] *= c0;
-      o[d][2] *= c1;
-      o[d][3] *= c1;
-    }
-  }
+  if (__any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) rescale_o_always(o, c0, c1);
 }
 
 __device__ __forceinline__ float quad_sum(float x) {
