@@ -279,11 +279,18 @@ inline bool avx2_direct_softmax(const ItemContext& c, float* lsum, int row0, int
                              _mm256_cmp_ps(x[1], threshold, _CMP_GT_OQ))) != 0;
     const float alpha = direct_lazy_max(
         c, i, exceeds, [&] { return Vec256::hmax(_mm256_max_ps(x[0], x[1])); }, &rescale);
-    const float m_new = c.m[i];
+    float m_new = c.m[i];
     float* prow = p + r * kDirectChunk;
-    if (m_new == kNegInf) {  // nothing visible yet
-      std::memset(prow, 0, kDirectChunk * sizeof(float));
-      continue;
+    if (m_new == kNegInf) {
+      // As cpu_decode_avx512.h: a row whose only visible logits so far are NaN lands here too
+      // (`exceeds` is false for NaN) and must become NaN, not give the key weight 0.
+      const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(x[0], x[0], _CMP_UNORD_Q),
+                                      _mm256_cmp_ps(x[1], x[1], _CMP_UNORD_Q));
+      if (_mm256_movemask_ps(nan) == 0) {  // nothing visible yet
+        std::memset(prow, 0, kDirectChunk * sizeof(float));
+        continue;
+      }
+      m_new = c.m[i] = __builtin_nanf("");  // P, l, O and the LSE of the row NaN from here on
     }
     const __m256 vm = _mm256_set1_ps(m_new), valpha = _mm256_set1_ps(alpha);
     float* l = lsum + static_cast<size_t>(i) * kDirectChunk;

@@ -300,11 +300,17 @@ inline bool direct_softmax(const ItemContext& c, float* lsum, int row0, int rows
         _mm512_cmp_ps_mask(x, _mm512_set1_ps(c.m[i] + kDirectRescaleSlack), _CMP_GT_OQ) != 0;
     const float alpha =
         direct_lazy_max(c, i, exceeds, [&] { return _mm512_reduce_max_ps(x); }, &rescale);
-    const float m_new = c.m[i];
+    float m_new = c.m[i];
     uint16_t* prow = p + r * kDirectChunk;
-    if (m_new == kNegInf) {  // nothing visible yet
-      std::memset(prow, 0, kDirectChunk * sizeof(uint16_t));
-      continue;
+    if (m_new == kNegInf) {
+      // Every visible logit so far is -inf or NaN: `exceeds` is false for NaN, so a row whose
+      // only visible logits here are NaN lands here too, and must become NaN (REFERENCE:
+      // e^{NaN - m}), not give the key weight 0. x: masked lanes are -inf.
+      if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) == 0) {  // nothing visible yet
+        std::memset(prow, 0, kDirectChunk * sizeof(uint16_t));
+        continue;
+      }
+      m_new = c.m[i] = __builtin_nanf("");  // P, l, O and the LSE of the row NaN from here on
     }
     const __m512 e =
         _mm512_maskz_mov_ps(valid, Vec512::exp(_mm512_sub_ps(x, _mm512_set1_ps(m_new))));

@@ -142,7 +142,11 @@ inline ChunkKeys chunk_keys_seen(const int32_t* lo, const int32_t* hi, int rows,
 // m + slack (`exceeds`; always so for the first visible chunk, m = -inf), m becomes the chunk's
 // max (chunk_max(), evaluated only then) and alpha = e^{m_old - m_new}; otherwise m is kept and
 // alpha = 1 (exact: O and l stay relative to the same m). alpha is also 1 while m_old = -inf (O and
-// l are still 0). Stores m and alpha; sets *rescale when O must be rescaled.
+// l are still 0). Stores m and alpha; sets *rescale when O must be rescaled. NaN logits: the
+// compare behind `exceeds` is false for NaN and chunk_max() may drop one, so m can stay -inf
+// over a chunk whose only visible logits are NaN; the kernels' "nothing visible yet" branch
+// checks the chunk for NaN and makes m NaN then (the row NaN, as REFERENCE). Once m is finite a
+// NaN logit gives P = e^{NaN - m} = NaN; once m is NaN it stays NaN (`exceeds` false).
 template <class ChunkMax>
 inline float direct_lazy_max(const ItemContext& c, int i, bool exceeds, ChunkMax&& chunk_max,
                              bool* rescale) {

@@ -20,7 +20,9 @@
 //                denominator only (it has no value row)
 //   output       o = sum_k e^{s_k - m} v_k / (e^{sink - m} + sum_k e^{s_k - m})
 //                LSE = m + log(e^{sink - m} + sum_k e^{s_k - m})   (natural log, with the sink)
-//                no visible key, no sink: o = 0, LSE = -inf; a sink only: o = 0, LSE = sink
+//                no visible key, no sink: o = 0, LSE = -inf; a sink only: o = 0, LSE = sink;
+//                a NaN logit of a visible key: m = NaN, so o and LSE NaN (even when every
+//                visible logit is NaN)
 //   cascade      (metadata.use_cascade) the keys are split at P = common_prefix_len: a prefix
 //                pass over [0, P) read through request 0's block table (the shared blocks) and
 //                carrying the sink, a suffix pass over [P, seq_len) through r's own table, each
@@ -162,7 +164,11 @@ double attend(const RowParams& row, const KeyValueSource& src, int64_t k_begin, 
               std::optional<double> sink, double* out) {
   double m = sink ? *sink : kNegInf;
   for (int64_t k = k_begin; k < k_end; ++k) {
-    if (visible(row, k)) m = std::max(m, logit(row, src, k));
+    if (!visible(row, k)) continue;
+    // A NaN logit makes m NaN, and so the row and its LSE (std::max(m, NaN) would keep m: a row
+    // whose visible logits are all NaN read as "nothing visible", 0 and LSE -inf).
+    const double s = logit(row, src, k);
+    if (std::isnan(s) || s > m) m = s;  // once NaN, stays NaN
   }
   std::fill(out, out + row.head_size_v, 0.0);
   if (m == kNegInf) return kNegInf;  // nothing visible, no sink
