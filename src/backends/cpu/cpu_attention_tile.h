@@ -586,7 +586,8 @@ void run_item_impl(const AttentionArgs& a, const WorkItem& it, char* scratch) {
 }
 
 // Combines the partial rows of a split-KV group: M = max m_s, O = sum e^{m_s - M} O_s,
-// L = sum e^{m_s - M} l_s, then finalize_row.
+// L = sum e^{m_s - M} l_s, then finalize_row. M is NaN when any m_s is (the row then NaN, output
+// and LSE, whatever the split order).
 template <class Vec>
 void merge_impl(const AttentionArgs& a, const MergeTask& task) {
   using V = typename Vec::V;
@@ -600,7 +601,10 @@ void merge_impl(const AttentionArgs& a, const MergeTask& task) {
     float m_all = kNegInf;
     for (int s = 0; s < task.num_splits; ++s) {
       const int64_t slot = static_cast<int64_t>(task.partial_base) + static_cast<int64_t>(s) * rows + row;
-      m_all = fmax_nan_free(m_all, a.partial_ml[2 * slot]);
+      const float m_s = a.partial_ml[2 * slot];
+      // NaN-sticky: a split whose row saw a NaN logit (m_s NaN) makes the row NaN (finalize_row:
+      // e^{NaN - NaN}); `a > b ? a : b` would drop it for a later fully masked split (m_s = -inf).
+      m_all = (std::isnan(m_s) || m_s > m_all) ? m_s : m_all;
     }
     float l_all = 0.f;
     for (int d = 0; d < dv; d += W) Vec::store(merged + d, Vec::zero());
