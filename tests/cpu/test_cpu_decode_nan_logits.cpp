@@ -109,11 +109,6 @@ struct Outcome {
   int fused_items = 0;        // head-fused items of its plan
 };
 
-uint16_t nan_bits16(DType dt, bool negative) {
-  const uint16_t bits = dt == DType::bf16 ? 0x7FC0 : 0x7E00;
-  return negative ? static_cast<uint16_t>(bits | 0x8000) : bits;
-}
-
 Outcome run_case(const AttentionBackend& backend, const conformance::CaseInputs& inputs,
                  const std::vector<NanSpot>& spots, DecodeKernel kernel) {
   set_decode_kernel_override(kernel);
@@ -133,12 +128,7 @@ Outcome run_case(const AttentionBackend& backend, const conformance::CaseInputs&
         const int64_t block = table[n.req * cols + n.pos / block_size];
         const int64_t at = block * cache.stride(1) + (n.pos % block_size) * cache.stride(2) +
                            n.head * cache.stride(3) + n.dim * cache.stride(4);
-        if (cache_dtype == DType::fp8_e4m3) {
-          static_cast<uint8_t*>(run.kv_cache.data())[at] = n.negative ? 0xFF : 0x7F;
-        } else {
-          EXPECT_TRUE(cache_dtype == DType::bf16 || cache_dtype == DType::f16);
-          static_cast<uint16_t*>(run.kv_cache.data())[at] = nan_bits16(cache_dtype, n.negative);
-        }
+        store_f32(run.kv_cache.data(), cache_dtype, at, nan);  // bf16 / f16 quiet NaN, e4m3 0x7F / 0xFF
         break;
       }
       case NanSpot::key_input:

@@ -203,6 +203,11 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     if constexpr (!kFp8 || W::kQ8InQBuffer) mbar::arrive(bars.q_empty(qb));
   };
 
+  // The factor that takes row e's raw scores to base-2 logits, from transform_scores' factor: fp8
+  // folds in the row's Q scale too, unless the general transform took the true dot products.
+  auto row_factor = [&](int e, float factor, bool transformed) {
+    return kFp8 && !transformed ? factor * q_row_scale[e] : factor;
+  };
   // Softmax of the scores of the tile at key0 (in s); returns the corrections of the two rows.
   auto softmax = [&](int key0, float& c0, float& c1) {
     const bool masked = key0 < ctx.lo_max || key0 + W::kKeys - 1 > ctx.hi_min;
@@ -213,9 +218,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         for (int e = 0; e < 4; ++e) s[j][e] *= q_row_scale[e >> 1];
     }
     const float factor = transform_scores<W::kScoreTiles>(s, p, ctx, rows, r0, key0, general, masked);
-    const bool row_factor = kFp8 && !general;
-    c0 = online_softmax_row<W::kScoreTiles>(s, 0, row_factor ? factor * q_row_scale[0] : factor, m[0], l[0]);
-    c1 = online_softmax_row<W::kScoreTiles>(s, 1, row_factor ? factor * q_row_scale[1] : factor, m[1], l[1]);
+    c0 = online_softmax_row<W::kScoreTiles>(s, 0, row_factor(0, factor, general), m[0], l[0]);
+    c1 = online_softmax_row<W::kScoreTiles>(s, 1, row_factor(1, factor, general), m[1], l[1]);
   };
 
   const WsStageSync<W> sync{bars};
@@ -312,8 +316,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       if (t + 2 == active) release_q();  // that was the last S: Q may be refilled
       float c0 = 1.f, c1 = 1.f;
       if constexpr (kFast) {
-        const float f0 = ctx.qk_scale * kLog2e * (kFp8 ? q_row_scale[0] : 1.f);
-        const float f1 = ctx.qk_scale * kLog2e * (kFp8 ? q_row_scale[1] : 1.f);
+        const float f0 = row_factor(0, ctx.qk_scale * kLog2e, false);  // transform_scores' fast-path factor
+        const float f1 = row_factor(1, ctx.qk_scale * kLog2e, false);
         float b0, b1;
         c0 = softmax_row_max<W::kScoreTiles>(s, 0, f0, m[0], b0);
         c1 = softmax_row_max<W::kScoreTiles>(s, 1, f1, m[1], b1);
