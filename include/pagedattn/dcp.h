@@ -60,7 +60,8 @@ DcpLocalStep make_dcp_local_step(const CommonAttentionMetadataArgs& global, cons
                                  int block_size);
 
 // out = sum_r e^{lse_r - lse} outs[r], lse = log sum_r e^{lse_r}: N partial results of the same
-// rows merged by their LSEs (natural log; -inf = no key; a row with none anywhere: 0, -inf).
+// rows merged by their LSEs (natural log; -inf = no key; a row with none anywhere: 0, -inf; a
+// NaN LSE, from a NaN logit on that rank: the row's out and lse NaN).
 // outs[r]: (T, H, D) activations; lses[r]: (H, T) f32; host tensors. out_lse optional.
 void merge_attn_states_n(std::span<const TensorView> outs, std::span<const TensorView> lses,
                          const TensorView& out, const TensorView& out_lse = {});

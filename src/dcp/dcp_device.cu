@@ -5,7 +5,8 @@
 //   pack_rows_kernel    one warp per (row, head): the rank's local result, or zeros / -inf.
 //   merge_states_kernel one warp per (row, head): weights w_r = e^{lse_r - max} over the N ranks
 //                       (lanes recompute them: N is the group size), out = sum w_r o_r / sum w_r,
-//                       lse = max + log sum w_r; +inf counts as -inf; no key anywhere: 0, -inf
+//                       lse = max + log sum w_r; +inf counts as -inf; no key anywhere: 0, -inf;
+//                       a NaN LSE (a rank's row saw a NaN logit): NaN out and LSE
 //                       (merge_attn_states_n's math; every rank runs it on the same gathered
 //                       bits, so every rank ends with the same output).
 #include <cuda_bf16.h>
@@ -103,7 +104,18 @@ __global__ void __launch_bounds__(128) merge_states_kernel(const MergeArgs p) {
       return l == -cuda::neg_inf() ? cuda::neg_inf() : l;  // +inf (an empty row elsewhere) counts as -inf
     };
     float m = cuda::neg_inf();
-    for (int n = 0; n < p.ranks; ++n) m = fmaxf(m, lse_of(n));
+    bool nan = false;  // a rank's row saw a NaN logit: the merged row is NaN (out and LSE)
+    for (int n = 0; n < p.ranks; ++n) {
+      const float l = lse_of(n);
+      nan = nan || l != l;
+      m = fmaxf(m, l);
+    }
+    if (nan) {
+      const float q = __int_as_float(0x7fffffff);
+      for (int d = lane; d < p.dim; d += 32) out[t * p.out_s[0] + h * p.out_s[1] + d * p.out_s[2]] = from_f32<T>(q);
+      if (lane == 0 && p.out_lse != nullptr) p.out_lse[h * p.out_lse_s[0] + t * p.out_lse_s[1]] = q;
+      continue;
+    }
     float sum = 0.f;
     for (int n = 0; n < p.ranks; ++n) {
       const float l = lse_of(n);

@@ -131,9 +131,17 @@ void merge_attn_states_n(std::span<const TensorView> outs, std::span<const Tenso
   for (int64_t i = 0; i < t; ++i) {
     for (int64_t j = 0; j < h; ++j) {
       float m = kNegInf;
+      bool nan = false;  // a rank's row saw a NaN logit: the merged row is NaN (out and LSE)
       for (size_t r = 0; r < n; ++r) {
         const float l = lses[r].data_as<const float>()[j * lses[r].stride(0) + i * lses[r].stride(1)];
+        nan = nan || std::isnan(l);
         if (l > m && l != std::numeric_limits<float>::infinity()) m = l;
+      }
+      if (nan) {
+        const float q = std::numeric_limits<float>::quiet_NaN();
+        for (int64_t k = 0; k < d; ++k) store_f32(out.data(), out.dtype(), offset3(out, i, j, k), q);
+        if (out_lse.defined()) out_lse.data_as<float>()[j * out_lse.stride(0) + i * out_lse.stride(1)] = q;
+        continue;
       }
       float sum = 0.f;
       for (size_t r = 0; r < n; ++r) {

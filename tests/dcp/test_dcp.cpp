@@ -128,6 +128,69 @@ TEST(DcpMerge, NWayMergeEqualsTheSoftmaxOfTheUnion) {
   expect_error([&] { merge_attn_states_n(std::span<const TensorView>(ov).first(2), lv, out, lse); }, "outs");
 }
 
+// A NaN LSE (a rank's row saw a NaN logit) makes the merged row NaN, output and LSE, in whatever
+// order it comes with empty (-inf, or +inf as FA2 writes) and finite ranks; rows without NaN keep
+// the merge's math. Fails when the max drops the NaN (the rows then read as empty or as the finite
+// ranks' merge).
+TEST(DcpMerge, ANanLseMakesTheMergedRowNan) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // Per row, the three ranks' LSEs; expect_nan: the merged row is NaN.
+  struct Row {
+    float l[3];
+    bool expect_nan;
+  };
+  const std::vector<Row> rows = {
+      {{nan, -inf, -inf}, true}, {{-inf, nan, -inf}, true}, {{-inf, -inf, nan}, true}, {{nan, 1.f, -inf}, true},
+      {{1.f, -inf, nan}, true},  {{inf, nan, 2.f}, true},   {{-nan, 0.5f, 0.5f}, true}, {{nan, nan, nan}, true},
+      {{1.f, -inf, 2.f}, false}, {{-inf, -inf, -inf}, false}, {{inf, -inf, 0.5f}, false}, {{inf, inf, inf}, false},
+  };
+  const int64_t T = static_cast<int64_t>(rows.size()), H = 1, D = 5;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::vector<Tensor> outs, lses;
+    for (int r = 0; r < 3; ++r) {
+      outs.emplace_back(Shape{T, H, D}, dtype, Device::cpu);
+      lses.emplace_back(Shape{H, T}, DType::f32, Device::cpu);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t k = 0; k < D; ++k) store_f32(outs[r].data(), dtype, t * D + k, 0.25f * (r + 1) - 0.125f * k);
+        lses[r].data_as<float>()[t] = rows[t].l[r];
+      }
+    }
+    std::vector<TensorView> ov(outs.begin(), outs.end()), lv(lses.begin(), lses.end());
+    Tensor out(Shape{T, H, D}, dtype, Device::cpu), lse(Shape{H, T}, DType::f32, Device::cpu);
+    for (int64_t i = 0; i < out.numel(); ++i) store_f32(out.data(), dtype, i, -77.f);
+    for (int64_t i = 0; i < T; ++i) lse.data_as<float>()[i] = -77.f;
+    merge_attn_states_n(ov, lv, out, lse);
+    for (int64_t t = 0; t < T; ++t) {
+      const Row& row = rows[t];
+      SCOPED_TRACE(testing::Message() << "row " << t << " lses " << row.l[0] << " " << row.l[1] << " " << row.l[2]);
+      const float got_lse = lse.data_as<float>()[t];
+      if (row.expect_nan) {
+        EXPECT_TRUE(std::isnan(got_lse)) << got_lse;
+        for (int64_t k = 0; k < D; ++k) EXPECT_TRUE(std::isnan(load_f32(out.data(), dtype, t * D + k))) << k;
+        continue;
+      }
+      // Expected: weights e^{l_r} over the finite ranks (+inf counts as -inf).
+      double sum = 0, acc[D] = {};
+      for (int r = 0; r < 3; ++r) {
+        const float l = row.l[r];
+        if (!std::isfinite(l)) continue;
+        sum += std::exp(double(l));
+        for (int64_t k = 0; k < D; ++k) acc[k] += std::exp(double(l)) * load_f32(outs[r].data(), dtype, t * D + k);
+      }
+      if (sum == 0) {
+        EXPECT_EQ(got_lse, -inf);
+      } else {
+        EXPECT_NEAR(got_lse, std::log(sum), 1e-5);
+      }
+      for (int64_t k = 0; k < D; ++k) {
+        EXPECT_NEAR(load_f32(out.data(), dtype, t * D + k), sum == 0 ? 0.0 : acc[k] / sum, dtype == DType::f32 ? 1e-6 : 8e-3)
+            << k;
+      }
+    }
+  }
+}
+
 // ---- the N-rank emulation -------------------------------------------------------------------------
 
 Tensor random_tensor(Shape shape, std::mt19937_64& rng) {

@@ -1,6 +1,8 @@
 // The CUDA standalone ops against their host implementations (the same public entry points on
 // cpu tensors): reshape_and_cache_flash must be bit-exact (every conversion is specified
-// exactly), merge_attn_states within a few ulps (f32 math, expf on both sides).
+// exactly), merge_attn_states within a few ulps (f32 math, expf on both sides). The merges'
+// NaN rows (a NaN LSE: a NaN logit on that side) as the host's, with the DCP N-way merge kernel
+// (dcp_detail::cuda_merge_states, which needs no second GPU) against merge_attn_states_n.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -8,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "dcp/dcp_device.h"
 #include "gpu_test_util.h"
+#include "pagedattn/dcp.h"
 
 namespace pagedattn {
 namespace {
@@ -233,6 +237,88 @@ TEST(CudaOps, MergeAttnStatesMatchesHost) {
         } else {
           EXPECT_NEAR(a, b, 1e-5 * (1 + std::fabs(b))) << "lse " << i;
         }
+      }
+    }
+  }
+}
+
+// Elements equal as NaN patterns (NaN where the host has NaN, nowhere else) and within tol (relative
+// to 1 + |expected|) elsewhere; infinities exactly.
+void expect_same_with_nan(const Tensor& got, const Tensor& want, double tol, const char* what) {
+  ASSERT_EQ(got.numel(), want.numel());
+  int bad = 0;
+  for (int64_t i = 0; i < got.numel() && bad < 8; ++i) {
+    const float a = load_f32(got.data(), got.dtype(), i), b = load_f32(want.data(), want.dtype(), i);
+    const bool ok = std::isnan(b) ? std::isnan(a)
+                    : std::isinf(b) ? a == b
+                                    : !std::isnan(a) && std::fabs(a - b) <= tol * (1 + std::fabs(b));
+    if (!ok) {
+      ++bad;
+      ADD_FAILURE() << what << " element " << i << ": " << a << ", host " << b;
+    }
+  }
+}
+
+TEST(CudaOps, MergesKeepNanRowsAsTheHost) {
+  PAGEDATTN_REQUIRE_GPU();
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // LSE patterns of one row across the merged sides (two-way: the first two; N-way: all three).
+  const std::vector<std::vector<float>> patterns = {
+      {nan, -inf, -inf}, {-inf, nan, -inf}, {-inf, -inf, nan}, {nan, 1.f, 2.f},   {1.f, nan, -inf},
+      {inf, nan, 0.5f},  {nan, inf, inf},   {-nan, 0.f, 0.f},  {nan, nan, nan},   {1.f, -inf, 2.f},
+      {-inf, -inf, -inf}, {inf, -inf, 0.5f}, {inf, inf, inf},   {0.25f, 3.f, -1.f},
+  };
+  const int64_t H = 3, D = 40, P = static_cast<int64_t>(patterns.size()), T = 2 * P;
+  uint64_t seed = 950;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const double tol = dtype == DType::f32 ? 1e-5 : 8e-3;
+    // Random LSEs, then pattern p on (head p % H, tokens p and P + p).
+    Tensor lses = random_host(Shape{3, H, T}, DType::f32, seed++, -4.f, 4.f);
+    for (int64_t p = 0; p < P; ++p) {
+      for (int r = 0; r < 3; ++r) {
+        lses.data_as<float>()[(r * H + p % H) * T + p] = patterns[p][r];
+        lses.data_as<float>()[(r * H + (p + 1) % H) * T + P + p] = patterns[p][r];
+      }
+    }
+    const Tensor outs = random_host(Shape{3, T, H, D}, dtype, seed++);
+    const Tensor outs_dev = outs.to(Device::cuda), lses_dev = lses.to(Device::cuda);
+
+    // Two-way: prefix = side 0, suffix = side 1.
+    {
+      Tensor host_out(Shape{T, H, D}, dtype, Device::cpu), host_lse(Shape{H, T}, DType::f32, Device::cpu);
+      merge_attn_states(host_out, outs.view().select(0, 0), lses.view().select(0, 0), outs.view().select(0, 1),
+                        lses.view().select(0, 1), host_lse, -1);
+      Tensor out_dev(Shape{T, H, D}, dtype, Device::cuda), lse_dev(Shape{H, T}, DType::f32, Device::cuda);
+      out_dev.fill_bytes(0x5A);
+      lse_dev.fill_bytes(0x5A);
+      merge_attn_states(out_dev, outs_dev.view().select(0, 0), lses_dev.view().select(0, 0),
+                        outs_dev.view().select(0, 1), lses_dev.view().select(0, 1), lse_dev, -1);
+      synchronize_cuda();
+      expect_same_with_nan(out_dev.to(Device::cpu), host_out, tol, "two-way out");
+      expect_same_with_nan(lse_dev.to(Device::cpu), host_lse, 1e-5, "two-way lse");
+    }
+    // N-way (N = 3): the DCP merge kernel against merge_attn_states_n.
+    {
+      std::vector<TensorView> ov, lv;
+      for (int r = 0; r < 3; ++r) {
+        ov.push_back(outs.view().select(0, r));
+        lv.push_back(lses.view().select(0, r));
+      }
+      Tensor host_out(Shape{T, H, D}, dtype, Device::cpu), host_lse(Shape{H, T}, DType::f32, Device::cpu);
+      merge_attn_states_n(ov, lv, host_out, host_lse);
+      Tensor out_dev(Shape{T, H, D}, dtype, Device::cuda), lse_dev(Shape{H, T}, DType::f32, Device::cuda);
+      out_dev.fill_bytes(0x5A);
+      lse_dev.fill_bytes(0x5A);
+      dcp_detail::cuda_merge_states(outs_dev, lses_dev, out_dev, lse_dev);
+      synchronize_cuda();
+      expect_same_with_nan(out_dev.to(Device::cpu), host_out, tol, "N-way out");
+      expect_same_with_nan(lse_dev.to(Device::cpu), host_lse, 1e-5, "N-way lse");
+      // The host merge itself: NaN rows exactly where a side's LSE is NaN.
+      for (int64_t p = 0; p < P; ++p) {
+        bool any_nan = false;
+        for (float l : patterns[p]) any_nan = any_nan || std::isnan(l);
+        EXPECT_EQ(std::isnan(host_lse.data_as<float>()[(p % H) * T + p]), any_nan) << "pattern " << p;
       }
     }
   }
