@@ -260,14 +260,21 @@ __device__ __forceinline__ float softmax_row_max(const float (&s)[NT][4], int ha
   return correction;
 }
 // Part 2: the scores become P = 2^(s * factor - base); l = l * correction + their sum.
-template <int NT>
+// kFmaPer8: of every 8 score tiles, the first kFmaPer8 take their exponentials on the FMA pipe
+// (fma_exp2), the rest on the multi-function unit.
+template <int NT, int kFmaPer8 = 0>
 __device__ __forceinline__ void softmax_row_exp(float (&s)[NT][4], int half, float factor, float base,
                                                 float correction, float& l) {
   float sum = 0.f;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    s[j][2 * half] = fast_exp2(fmaf(s[j][2 * half], factor, -base));
-    s[j][2 * half + 1] = fast_exp2(fmaf(s[j][2 * half + 1], factor, -base));
+    if ((j & 7) < kFmaPer8) {
+      s[j][2 * half] = fma_exp2(fmaf(s[j][2 * half], factor, -base));
+      s[j][2 * half + 1] = fma_exp2(fmaf(s[j][2 * half + 1], factor, -base));
+    } else {
+      s[j][2 * half] = fast_exp2(fmaf(s[j][2 * half], factor, -base));
+      s[j][2 * half + 1] = fast_exp2(fmaf(s[j][2 * half + 1], factor, -base));
+    }
     sum += s[j][2 * half] + s[j][2 * half + 1];
   }
   l = l * correction + sum;

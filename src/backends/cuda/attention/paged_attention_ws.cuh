@@ -38,7 +38,9 @@
 // A tile with no mask and no general logit transform (most tiles of a long item) runs that body
 // as one branch-free block (no per-warp or rescale branches), so the compiler interleaves the
 // exponentials with the packing of P and the wait for P_t . V_t: the consumers' per-tile chain,
-// not the tensor core, sets the tile time (docs/perf/cuda.md).
+// not the tensor core, sets the tile time (docs/perf/cuda.md). fp8 at D = 256, whose 8-bit MMAs
+// leave the multi-function unit the longer chain, takes a quarter of that block's exponentials on
+// the FMA pipe (fma_exp2, WsTraits::kFmaExpPer8).
 // The two consumers run unsynchronized: one's softmax overlaps the other's MMAs too (alternating
 // their MMA issues with FlashAttention-3's turn barriers measured slower here).
 // Decode-path items (<= 16 rows, copy-bound) run each tile in order (S, softmax, P . V) and
@@ -321,8 +323,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         float b0, b1;
         c0 = softmax_row_max<W::kScoreTiles>(s, 0, f0, m[0], b0);
         c1 = softmax_row_max<W::kScoreTiles>(s, 1, f1, m[1], b1);
-        softmax_row_exp<W::kScoreTiles>(s, 0, f0, b0, c0, l[0]);
-        softmax_row_exp<W::kScoreTiles>(s, 1, f1, b1, c1, l[1]);
+        softmax_row_exp<W::kScoreTiles, W::kFmaExpPer8>(s, 0, f0, b0, c0, l[0]);
+        softmax_row_exp<W::kScoreTiles, W::kFmaExpPer8>(s, 1, f1, b1, c1, l[1]);
       } else {
         if (warp_live) softmax(tiles.base + (t + 1) * W::kKeys, c0, c1);
       }

@@ -29,6 +29,10 @@ struct WsTraits {
   // P 16 then fit beside it) and a tile of 64 keys moves the same 64 KB as 128 keys at D = 128.
   static constexpr int kKeys = D == 256 ? 64 : 128;
   static constexpr int kScoreTiles = kKeys / 8;   // n8 column blocks of S
+  // Exponentials of the branch-free step on the FMA pipe (fma_exp2), per 8 score tiles: fp8 at
+  // D = 256 only, where the 8-bit MMAs leave the multi-function unit the longer chain; with 16-bit
+  // caches and fp8 at D = 128 the added instructions measured slower (docs/perf/cuda.md).
+  static constexpr int kFmaExpPer8 = kFp8 && D == 256 ? 2 : 0;
   static constexpr int kPvSteps = kKeys / (kFp8 ? 32 : 16);  // k16 (k32) steps of P . V
   static constexpr int kColBlocks = D * kElemBytes / 128;   // 128-byte column blocks of a K / V row
   static constexpr int kQTileBytes = D / 64 * 64 * 128;     // one consumer's 64 rows (16-bit)
