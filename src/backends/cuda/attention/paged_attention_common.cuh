@@ -315,9 +315,10 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x;
 }
 
-// Natural-log LSE from the base-2 state (m, l summed over the quad).
+// Natural-log LSE from the base-2 state (m, l summed over the quad): -inf for a row without a
+// visible key (l = 0), NaN for a row that saw a NaN logit (l NaN).
 __device__ __forceinline__ float lse_from_state(float m, float l) {
-  return l > 0.f ? (m + __log2f(l)) * kLn2 : neg_inf();
+  return !(l <= 0.f) ? (m + __log2f(l)) * kLn2 : neg_inf();
 }
 
 // Initial state of a row: the sink acts as one extra logit with no value row.

@@ -6,8 +6,8 @@
 //
 // Both compute, per (token, head) row with partial states (o_i, lse_i) (natural log):
 //   M = max_i lse_i;  w_i = e^{lse_i - M};  o = sum_i w_i o_i / sum_i w_i;  lse = M + log sum_i w_i
-// (+inf counts as -inf; all -inf: the first state is copied and lse = -inf; the two-way merge
-// gives NaN when either LSE is NaN, as the host merge_attn_states).
+// (+inf counts as -inf; all -inf: the first state is copied and lse = -inf; a NaN LSE, from a
+// NaN logit, gives NaN output and lse in both, as the host merge_attn_states).
 //
 // Tiling: one warp per row; lanes walk the head dimension in 4-element vectors (16-byte f32
 // loads of the partials; 8-byte 16-bit stores). Memory traffic: each partial read once, the
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const CombineKernel
       }
       if (lane == 0 && p.lse != nullptr) {
         p.lse[head * p.lse_head_stride + static_cast<int64_t>(token) * p.lse_token_stride] =
-            sum > 0.f ? base + logf(sum) : neg_inf();
+            !(sum <= 0.f) ? base + logf(sum) : neg_inf();  // a NaN state's weight makes it NaN
       }
       __syncwarp();  // weights[warp] is rewritten by the next row
     }
