@@ -202,9 +202,13 @@ __device__ __forceinline__ float general_logit(float dot, const AttentionKernelP
   return s * kLog2e;
 }
 
+// The factor that takes raw scores to base-2 logits when no general transform runs:
+// scale * k_scale * log2(e) (folded into the exp's FFMA).
+__device__ __forceinline__ float plain_logit_factor(const ItemContext& ctx) { return ctx.qk_scale * kLog2e; }
+
 // Prepares a tile of raw scores for the softmax and returns the factor that takes them to
 // base-2 logits: the general path (soft-cap / ALiBi) transforms in place and returns 1; the fast
-// path leaves them raw and returns scale * k_scale * log2(e) (folded into the exp's FFMA).
+// path leaves them raw and returns plain_logit_factor.
 // Masked keys become -inf either way.
 // s[j][e]: n8 tile j, element e (rows[e >> 1], key key0 + j * 8 + 2 * quad_col + (e & 1)).
 template <int NT>
@@ -213,7 +217,7 @@ __device__ __forceinline__ float transform_scores(float (&s)[NT][4], const Atten
                                                   int first_local_row, int key0, bool general,
                                                   bool masked) {
   const int quad_col = threadIdx.x & 3;
-  float factor = ctx.qk_scale * kLog2e;
+  float factor = plain_logit_factor(ctx);
   if (general) {
     const RowLogit logit[2] = {make_row_logit(p, ctx, first_local_row),
                                make_row_logit(p, ctx, first_local_row + 8)};
@@ -315,11 +319,8 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x;
 }
 
-// Natural-log LSE from the base-2 state (m, l summed over the quad): -inf for a row without a
-// visible key (l = 0), NaN for a row that saw a NaN logit (l NaN).
-__device__ __forceinline__ float lse_from_state(float m, float l) {
-  return !(l <= 0.f) ? (m + __log2f(l)) * kLn2 : neg_inf();
-}
+// Natural-log LSE from the base-2 state (m, l summed over the quad; lse_base2).
+__device__ __forceinline__ float lse_from_state(float m, float l) { return lse_base2<true>(m, l); }
 
 // Initial state of a row: the sink acts as one extra logit with no value row.
 __device__ __forceinline__ void init_row_state(const AttentionKernelParams& p, const ItemContext& ctx,

@@ -318,8 +318,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       if (t + 2 == active) release_q();  // that was the last S: Q may be refilled
       float c0 = 1.f, c1 = 1.f;
       if constexpr (kFast) {
-        const float f0 = row_factor(0, ctx.qk_scale * kLog2e, false);  // transform_scores' fast-path factor
-        const float f1 = row_factor(1, ctx.qk_scale * kLog2e, false);
+        const float f0 = row_factor(0, plain_logit_factor(ctx), false);
+        const float f1 = row_factor(1, plain_logit_factor(ctx), false);
         float b0, b1;
         c0 = softmax_row_max<W::kScoreTiles>(s, 0, f0, m[0], b0);
         c1 = softmax_row_max<W::kScoreTiles>(s, 1, f1, m[1], b1);
@@ -343,13 +343,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       pack();
       ring = nxt;
     };
-    // (fp8 at D = 128: the compiler waits for P_t . V_t before the exponentials in that block, and
-    // it measured no faster: docs/perf/cuda.md.)
-    constexpr bool kFastSteps = !kFp8 || D == 256;
   #pragma unroll 1
     for (int t = 0; t + 1 < active; ++t) {
       const int key0 = tiles.base + (t + 1) * W::kKeys;
-      if (kFastSteps && !general && key0 >= ctx.lo_max && key0 + W::kKeys - 1 <= ctx.hi_min) {
+      if (W::kBranchFreeSteps && !general && key0 >= ctx.lo_max && key0 + W::kKeys - 1 <= ctx.hi_min) {
         pipelined_step(t, std::true_type{});
       } else {
         pipelined_step(t, std::false_type{});

@@ -29,6 +29,10 @@ struct WsTraits {
   // P 16 then fit beside it) and a tile of 64 keys moves the same 64 KB as 128 keys at D = 128.
   static constexpr int kKeys = D == 256 ? 64 : 128;
   static constexpr int kScoreTiles = kKeys / 8;   // n8 column blocks of S
+  // Unmasked tiles without a general transform on the consumers' branch-free step
+  // (paged_attention_ws.cuh), except fp8 at D = 128: ptxas then waits for P_t . V_t before the
+  // exponentials, and it measured no faster (docs/perf/cuda.md).
+  static constexpr bool kBranchFreeSteps = !kFp8 || D == 256;
   // Exponentials of the branch-free step on the FMA pipe (fma_exp2), per 8 score tiles: fp8 at
   // D = 256 only, where the 8-bit MMAs leave the multi-function unit the longer chain; with 16-bit
   // caches and fp8 at D = 128 the added instructions measured slower (docs/perf/cuda.md).

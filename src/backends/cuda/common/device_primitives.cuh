@@ -100,6 +100,18 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }
 
+// The natural-log LSE of a softmax row, -inf when it has no mass (sum 0: no visible key) and NaN
+// when its sum is NaN (a NaN logit: the row is NaN, as REFERENCE; `sum > 0` would read it as
+// empty). Base 2: the state (m, l) with l = sum 2^(s - m) (kFast: __log2f); natural: base + log
+// of a sum of e^(lse_i - base).
+template <bool kFast = false>
+__device__ __forceinline__ float lse_base2(float m, float l) {
+  return !(l <= 0.f) ? (m + (kFast ? __log2f(l) : log2f(l))) * kLn2 : neg_inf();
+}
+__device__ __forceinline__ float lse_natural(float base, float sum) {
+  return !(sum <= 0.f) ? base + logf(sum) : neg_inf();
+}
+
 // One element of T (float, __half, __nv_bfloat16, __nv_fp8_e4m3, __nv_fp8_e5m2) -> float, exact.
 template <typename T>
 __device__ __forceinline__ float to_f32(T x) {

@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
           }
           if (head >= p.num_heads) continue;
           const float scale = lsum > 0.f ? p.out_scale / lsum : 0.f;
-          const float lse = !(lsum <= 0.f) ? (mrow + log2f(lsum)) * kLn2 : neg_inf();  // NaN l: NaN
+          const float lse = lse_base2(mrow, lsum);
           const float* other = merge_o + r * kValue + cw * kColsPerWarp + 2 * quad_col;
           // Column pair d of this row, merged over the key groups and normalized.
           auto value = [&](int d) {
@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) 
   }
   if (lane == 0 && p.lse != nullptr) {
     p.lse[head * p.lse_head_stride + static_cast<int64_t>(b) * p.lse_token_stride] =
-        !(wsum <= 0.f) ? base + logf(wsum) : neg_inf();
+        lse_natural(base, wsum);
   }
 }
 

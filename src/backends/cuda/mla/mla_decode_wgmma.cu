@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
       if (head >= p.num_heads) continue;
       const float lsum = row_sum[r];
       const float scale = lsum > 0.f ? p.out_scale / lsum : 0.f;
-      const float lse = !(lsum <= 0.f) ? (row_max[r] + log2f(lsum)) * kLn2 : neg_inf();  // NaN l: NaN
+      const float lse = lse_base2(row_max[r], lsum);
       const int col0 = wg * kValueCols + 2 * quad_col;
       if (split) {
         float* dst = p.partial_out + (static_cast<int64_t>(seg.partial_row) * p.num_heads + head) * kValue + col0;

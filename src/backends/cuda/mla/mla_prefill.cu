@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_kernel(const PrefillP
     }
     if (quad_col == 0 && p.lse != nullptr) {
       p.lse[head * p.lse_hs + static_cast<int64_t>(q_begin + t) * p.lse_ts] =
-          !(lsum <= 0.f) ? (m[h] + log2f(lsum)) * kLn2 : neg_inf();
+          lse_base2(m[h], lsum);
     }
   }
 }

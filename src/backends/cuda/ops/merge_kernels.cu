@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const CombineKernel
       }
       if (lane == 0 && p.lse != nullptr) {
         p.lse[head * p.lse_head_stride + static_cast<int64_t>(token) * p.lse_token_stride] =
-            !(sum <= 0.f) ? base + logf(sum) : neg_inf();  // a NaN state's weight makes it NaN
+            lse_natural(base, sum);  // a NaN state's weight makes the sum NaN
       }
       __syncwarp();  // weights[warp] is rewritten by the next row
     }
