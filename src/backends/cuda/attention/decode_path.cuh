@@ -132,8 +132,12 @@ __device__ __forceinline__ float direct_fp8_q_frags(const T* q_smem, int quad_ro
 // kPaired: an item of kItemPairedHeads (attention_plan.h), run at D = 2 x the layer's head size:
 // its rows are the query heads of kv heads 2 kv_head and 2 kv_head + 1 (ctx.group_size = 2G), a
 // staged row is both heads' rows side by side, each query row is zero in the other head's half
-// (load_q_tile_paired), so Q . K^T and P . V are the two heads' own; each row keeps its half of
-// O. The k / v scales are applied per row (the two heads' per-head scales may differ).
+// (load_q_tile_paired). Q . K^T runs as two accumulations, each over one head's k columns (the
+// direct layout puts the first head's dims in lanes quad_col 0, 1 and the second's in 2, 3; the
+// other lanes give zero K words), and each row takes its own head's: not the one full sum, where
+// zero times a NaN or an infinity in the other head's K row would make it NaN. P . V covers both
+// halves and each row keeps its half of O. The k / v scales are applied per row (the two heads'
+// per-head scales may differ).
 template <int D, typename T, bool kFp8, int kStages = AttentionTraits<D, T, kFp8>::kDecodeStages, bool kPaired = false>
 __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContext& item_ctx, char* smem) {
   using Tr = AttentionTraits<D, T, kFp8>;
@@ -143,6 +147,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
   const int quad_row = lane >> 2;  // rows quad_row, quad_row + 8
   const int quad_col = lane & 3;
   float row_k_scale[2] = {1.f, 1.f};  // kPaired: the k scale of each of this thread's rows
+  bool row_second[2] = {false, false};  // kPaired: the row is a query head of kv head 2 kv_head + 1
   if constexpr (kPaired) {
     static_assert(kFp8 && Tr::kDecodeDirectFp8, "paired kv heads: the direct fp8 decode path");
     ctx.group_size = 2 * p.group_size;
@@ -154,6 +159,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
       const int r = quad_row + 8 * h;
       const int kv = r < ctx.item.num_rows ? row_head(ctx, r) / p.group_size : 0;
       row_k_scale[h] = p.k_scale_per_head != nullptr ? p.k_scale_per_head[kv] : p.k_scale;
+      row_second[h] = (ctx.item.row_start + r) % ctx.group_size >= p.group_size;
     }
   }
 
@@ -256,6 +262,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     // S (16 x kWarpKeys) = Q . K^T for keys [kWarpKeys*warp, kWarpKeys*(warp + 1)) of the step
     // (tile kWarpKeys*warp / 64 of it).
     float s[kNT][4] = {};
+    float s_second[kPaired ? kNT : 1][4] = {};  // kPaired: over the second head's k columns
     if constexpr (kDirect) {
       // Keys kWarpKeys*warp + 8j + quad_row, bytes [c D/4, (c+1) D/4): word kk is the k16 step kk.
       // Swizzled rows (their row & 7 is quad_row): 16-byte chunk c' at c' ^ quad_row.
@@ -281,7 +288,13 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
 #pragma unroll
             for (int j = 0; j < kNT; ++j) {
               const uint2 kb = fp8x4_to_f16x4<decltype(format)::value>(w[j][i]);
-              Mma<__half>::mma(s[j], q_frag[kk], kb.x, kb.y);
+              if constexpr (kPaired) {
+                const bool second = quad_col >= 2;  // this lane's k columns: the second head's dims
+                Mma<__half>::mma(s[j], q_frag[kk], second ? 0u : kb.x, second ? 0u : kb.y);
+                Mma<__half>::mma(s_second[j], q_frag[kk], second ? kb.x : 0u, second ? kb.y : 0u);
+              } else {
+                Mma<__half>::mma(s[j], q_frag[kk], kb.x, kb.y);
+              }
             }
           }
         }
@@ -300,6 +313,12 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
         Mma<T>::mma(s[0], q_frag[kk], kb[0], kb[1]);
         Mma<T>::mma(s[1], q_frag[kk], kb[2], kb[3]);
       }
+    }
+    if constexpr (kPaired) {  // each row its own head's dot products
+#pragma unroll
+      for (int j = 0; j < kNT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = row_second[e >> 1] ? s_second[j][e] : s[j][e];
     }
     const int key0 = ctx.tile_base + step * kStep * kKeysPerTile;
     const bool masked = key0 < ctx.lo_max || key0 + kStep * kKeysPerTile - 1 > ctx.hi_min;
