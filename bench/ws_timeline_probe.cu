@@ -2,11 +2,12 @@
 // kernel, instantiated with a recorder as its Trace, stamps the SM clock at each phase of the
 // pipelined loop (WsMark: iteration start, K/V landed, wgmma groups issued, S_{t+1} landed,
 // softmax done, P_t . V_t done) for the first kMaxIters iterations of every consumer warp, on one
-// causal bf16 prefill of the CUDA backend's own plan (paged cache, random block table).
+// causal bf16 prefill of the CUDA backend's own plan (paged cache, random block table), over a
+// 16-bit cache or (--kv fp8_e4m3) an e4m3 one on the 8-bit path.
 // It prints, per head size, the median cycles of each phase per iteration, the iteration time
 // against the tensor core's share of a tile, and how often the two consumers of an SM
 // sub-partition (warp w of each warpgroup) run their softmax at the same time.
-// Usage: ws_timeline_probe [--head-size 64|128|256 (default: all)] [--seqs N] [--len L]
+// Usage: ws_timeline_probe [--head-size 64|128|256 (default: all)] [--kv auto|fp8_e4m3] [--seqs N] [--len L]
 // Hopper only (sm_90a); the shipped kernel's trace (WsNoTrace) compiles to nothing.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -58,9 +59,11 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-template <int D>
+template <int D, bool kFp8>
 void probe(int seqs, int len) {
+  using W = WsTraits<D, kFp8>;
   const int hq = 32, hkv = 8, bs = 16;
+  const DType cache_dtype = kFp8 ? DType::fp8_e4m3 : DType::bf16;
   const AttentionBackend& backend = cuda_backend();
   AttentionImplParams params;
   params.num_heads = hq;
@@ -70,11 +73,12 @@ void probe(int seqs, int len) {
   params.dtype = DType::bf16;
   params.device = Device::cuda;
   params.block_size = bs;
+  params.kv_cache_dtype = kFp8 ? "fp8_e4m3" : "auto";
   auto impl = backend.make_impl(params);
   const int blocks_per_seq = (len + bs - 1) / bs;
   const int64_t num_blocks = int64_t(seqs) * blocks_per_seq + 1;
-  Tensor cache = backend.allocate_kv_cache(num_blocks, bs, hkv, D, DType::bf16, Device::cuda);
-  fill(cache.data(), cache.numel(), DType::bf16, 11);
+  Tensor cache = backend.allocate_kv_cache(num_blocks, bs, hkv, D, cache_dtype, Device::cuda);
+  fill(cache.data(), cache.numel(), cache_dtype, 11);
   const int tokens = seqs * len;
   Tensor query(Shape{tokens, hq, D}, DType::bf16, Device::cuda);
   Tensor output(Shape{tokens, hq, D}, DType::bf16, Device::cuda);
@@ -100,7 +104,7 @@ void probe(int seqs, int len) {
   config.head_size = D;
   config.max_num_batched_tokens = std::max(8192, tokens);
   config.max_model_len = len;
-  auto builder = backend.make_builder(KVCacheSpec::full_attention(bs, hkv, D, DType::bf16), config, Device::cuda);
+  auto builder = backend.make_builder(KVCacheSpec::full_attention(bs, hkv, D, cache_dtype), config, Device::cuda);
   const auto plan = builder->build(0, common.common);
   const auto& md = dynamic_cast<const CudaAttentionMetadata&>(*plan);
   if (md.kernel != AttentionKernel::ws) {
@@ -112,7 +116,7 @@ void probe(int seqs, int len) {
 
   // The launch's parameters: the CUDA impl's own for this forward.
   const AttentionKernelParams p =
-      dynamic_cast<const CudaAttentionImpl&>(*impl).kernel_params(scales, query, {}, {}, cache, *plan, output, {});
+      dynamic_cast<const CudaAttentionImpl&>(*impl).kernel_params(scales, query, {}, {}, cache, *plan, output, {}, {});
 
   const int grid = md.attention_grid;
   const size_t entries = size_t(grid) * kConsumerWarps * kMaxIters * kWsMarks;
@@ -120,12 +124,12 @@ void probe(int seqs, int len) {
   BENCH_CUDA(cudaMalloc(&trace, entries * sizeof(unsigned long long)));
   BENCH_CUDA(cudaMemset(trace, 0, entries * sizeof(unsigned long long)));
   BENCH_CUDA(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
-  auto kernel = paged_attention_ws_kernel<D, __nv_bfloat16, false, false, ClockTrace>;
-  BENCH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WsTraits<D>::kSmemBytes));
-  kernel<<<grid, WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes>>>(p);  // warm
+  auto kernel = paged_attention_ws_kernel<D, __nv_bfloat16, kFp8, false, ClockTrace>;
+  BENCH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, W::kSmemBytes));
+  kernel<<<grid, W::kThreads, W::kSmemBytes>>>(p);  // warm
   BENCH_CUDA(cudaDeviceSynchronize());
   BENCH_CUDA(cudaMemset(trace, 0, entries * sizeof(unsigned long long)));
-  kernel<<<grid, WsTraits<D>::kThreads, WsTraits<D>::kSmemBytes>>>(p);
+  kernel<<<grid, W::kThreads, W::kSmemBytes>>>(p);
   BENCH_CUDA(cudaDeviceSynchronize());
   std::vector<unsigned long long> h(entries);
   BENCH_CUDA(cudaMemcpy(h.data(), trace, entries * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
@@ -180,35 +184,48 @@ void probe(int seqs, int len) {
     }
   }
   // Tensor-core share of one tile per consumer: its S and P.V wgmma (both warpgroups' work per
-  // tile is twice this), at 1024 dense bf16 FLOP per clock per SM sub-partition.
-  const double tc_per_consumer = 2.0 * 2 * 64 * WsTraits<D>::kKeys * D / 4096.0;
-  std::printf("d %d, %d x %d causal, grid %d: medians over %zu iterations (SM clocks)\n", D, seqs, len, grid,
-              phase[0].size());
+  // tile is twice this), at 1024 dense bf16 (2048 fp8) FLOP per clock per SM sub-partition.
+  const double tc_per_consumer = 2.0 * 2 * 64 * W::kKeys * D / (kFp8 ? 8192.0 : 4096.0);
+  std::printf("d %d, %s cache, %d x %d causal, grid %d: medians over %zu iterations (SM clocks)\n", D,
+              kFp8 ? "fp8 e4m3" : "bf16", seqs, len, grid, phase[0].size());
   for (int e = 0; e < 7; ++e) std::printf("  %-10s %8.0f\n", names[e], median(phase[e]));
   std::printf("  tensor core per tile: %.0f a consumer, %.0f both\n", tc_per_consumer, 2 * tc_per_consumer);
   std::printf("  both consumers of a sub-partition in softmax: %.0f%% of the time either is\n",
               any_softmax > 0 ? 100.0 * both_softmax / any_softmax : 0.0);
 }
 
+template <int D>
+void probe_cache(bool fp8, int seqs, int len) {
+  if (!fp8) return probe<D, false>(seqs, len);
+  if constexpr (WsTraits<D, true>::kSupported) {
+    probe<D, true>(seqs, len);
+  } else {
+    std::printf("d %d: the warp-specialized kernel has no fp8 instance\n", D);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int head_size = 0, seqs = 4, len = 4096;
+  bool fp8 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--head-size" && i + 1 < argc) {
       head_size = std::atoi(argv[++i]);
+    } else if (a == "--kv" && i + 1 < argc && (std::string(argv[i + 1]) == "auto" || std::string(argv[i + 1]) == "fp8_e4m3")) {
+      fp8 = std::string(argv[++i]) == "fp8_e4m3";
     } else if (a == "--seqs" && i + 1 < argc) {
       seqs = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--len" && i + 1 < argc) {
       len = std::max(256, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--head-size 64|128|256] [--seqs N] [--len L]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--head-size 64|128|256] [--kv auto|fp8_e4m3] [--seqs N] [--len L]\n", argv[0]);
       return 2;
     }
   }
-  if (head_size == 0 || head_size == 64) probe<64>(seqs, len);
-  if (head_size == 0 || head_size == 128) probe<128>(seqs, len);
-  if (head_size == 0 || head_size == 256) probe<256>(seqs, len);
+  if (head_size == 0 || head_size == 64) probe_cache<64>(fp8, seqs, len);
+  if (head_size == 0 || head_size == 128) probe_cache<128>(fp8, seqs, len);
+  if (head_size == 0 || head_size == 256) probe_cache<256>(fp8, seqs, len);
   return 0;
 }
