@@ -1,39 +1,57 @@
-// NaN logits on the CUDA backend, every kernel a plan can take: the warp-specialized kernel
-// (paged_attention_ws.cuh: its branch-free step for unmasked tiles and its masked step), the
-// one-warpgroup wgmma and the mma.sync prefill paths, the decode path of the paged attention
-// kernel and the decode-only kernel, and the split-KV combine. The rule, as REFERENCE (fp64): a
-// NaN logit of a key a query row sees makes that whole row NaN, output and LSE (e^{NaN - m} is
-// NaN); NaN in a slot no row sees (past a request's end in its last page, below a sliding window,
-// a key causally after a prefill row's position) has no effect.
+// NaN logits and NaN values on the CUDA backend, every kernel a plan can take: the
+// warp-specialized kernel (paged_attention_ws.cuh: its branch-free step for unmasked tiles and its
+// masked step), the one-warpgroup wgmma and the mma.sync prefill paths, the decode path of the
+// paged attention kernel and the decode-only kernel, and the split-KV combine. The rule, as
+// REFERENCE (fp64): a NaN logit of a key a query row sees makes that whole row NaN, output and LSE
+// (e^{NaN - m} is NaN); NaN in a slot no row sees (past a request's end in its last page, below a
+// sliding window, a key causally after a prefill row's position) has no effect.
 // Why: the kernels' running max is fmaxf, which drops NaN, so a NaN logit reaches the row only
 // through its exponential; a masked step must select its keys out (a masked NaN times 0 is NaN),
 // and the branch-free step, which applies no mask, must still carry a NaN of an unmasked tile
 // into P, O and the row sum; the LSE comes from that row sum (l > 0 ? ... : -inf would turn a
 // NaN row sum into -inf), and a split row's partial LSE into the combine's weights.
+// A NaN value (element d of a key's V row) of a key a row sees makes that row's output element d
+// NaN, the rest of the row and its LSE finite (REFERENCE: o_d = sum_k p_k v_kd / l; the LSE comes
+// from the logits alone); a key the row cannot see must not reach it (docs/reliability.md, "NaN
+// isolation"). Why these matter: 0 x NaN = NaN, and the kernels mask a key by its logit (-inf,
+// so P = 0) yet still multiply its V row into P . V whenever another row of the item sees it.
+// Keys outside an item's key range are zero-filled (past a request's end, below the first row's
+// window, after the last row's position), so the keys at stake are those inside that range that
+// some rows cannot see: in a causal diagonal tile the keys only the later rows of a chunk see, at
+// a sliding window's lower edge the keys only the earlier rows see. The K cases cannot show this
+// (a masked NaN logit is replaced by -inf before the exponential).
 // NaN logits come from a NaN in a K cache element (bf16 0x7FC0 / 0xFFC0, f16 0x7E00 / 0xFE00,
 // fp8 e4m3 0x7F / 0xFF, written into the cache after the context was written), in the step's key
-// input (stored by the step's own cache write) or in a query element. Scenarios:
+// input (stored by the step's own cache write) or in a query element; NaN values the same way
+// from the V cache and the step's value input. Scenarios:
 //   prefill: causal chunks of 300, 200 and 64 tokens after 0, 700 and 1500 cached ones: NaN keys
 //            in the middle of tiles every row of an item sees (the warp-specialized kernel's
 //            branch-free step: tiles of 128 keys at D 64 / 128, 64 at D 256), in diagonal tiles,
 //            keys only the later rows of a chunk see (the earlier rows stay finite), keys past a
-//            request's end in its last page (no effect), NaN query elements;
+//            request's end in its last page (no effect), NaN query elements; NaN values of a new
+//            token's key in the middle of a chunk, which only the later rows of its item see (the
+//            earlier rows of that item, in the same diagonal tile, must stay finite), of a cached
+//            key every row sees, past a request's end (no effect);
 //   decode:  one-token decodes: NaN in the only key, in a later tile of a long (split-KV)
 //            request, in the first tile, in the token's own key, a NaN query (the only key, and
-//            a split request), NaN past the end (no effect);
+//            a split request), NaN past the end (no effect); NaN values in the only key, in the
+//            token's own key, in a later tile of a split request, past the end (no effect);
 //   window-decode / window-prefill: sliding windows: NaN below a row's window (no effect), at
-//            its first key, inside it for some rows of a chunk and below it for others.
+//            its first key, inside it for some rows of a chunk and below it for others; NaN values
+//            the same: below (no effect; in the window's first page), at a row's first key,
+//            inside for the earlier rows of a chunk and below the window of the later rows of the
+//            same item (the window's lower edge).
 // Caches bf16 (bf16 activations), f16 (f16 activations) and fp8 e4m3 (bf16 activations), head
 // sizes 64, 128 and 256, 32 query heads over 8 KV heads (GQA 4), LSE returned. Each case runs
 // REFERENCE once and the CUDA backend under the default kernel choice and the overrides
 // (PAGEDATTN_CUDA_KERNEL, kernel_override.h) prefill=mma and prefill=wgmma (prefill scenarios),
 // decode=decode and decode=unified (decode scenarios). Outputs and LSE are set to a sentinel
 // before the call (the harness poisons with NaN, which could not be told from a NaN result) and
-// must all be written: NaN in exactly the rows expected (REFERENCE must agree with the
-// expectation too), elsewhere finite and within the other GPU tests' tolerance of REFERENCE
-// (test_cuda_kernel_variants.cpp: the fp8 tolerance on the warp-specialized kernel's 8-bit path,
-// the 16-bit one for fp8 caches elsewhere), as a whole and 4x that per row. One summary line per
-// run.
+// must all be written: NaN in exactly the rows (logits) and elements (values) expected
+// (REFERENCE must agree with the expectation too), elsewhere finite and within the other GPU
+// tests' tolerance of REFERENCE (test_cuda_kernel_variants.cpp: the fp8 tolerance on the
+// warp-specialized kernel's 8-bit path, the 16-bit one for fp8 caches elsewhere), as a whole and
+// 4x that per row. One summary line per run (NaN rows: rows with a NaN element).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -70,14 +88,17 @@ struct OverrideGuard {
   OverrideGuard& operator=(const OverrideGuard&) = delete;
 };
 
-// One NaN: in the K cache (request req's cached key `pos`, KV head `head`, dim `dim`; pos <
-// context_len or >= seq_len, slots the step does not write), in the step's key input (the
-// request's token `pos`, its own key), or in the query (token `pos` of the request, query head
-// `head`). `negative`: the sign bit of the NaN set.
+// One NaN: in the K or V cache (request req's cached key `pos`, KV head `head`, dim `dim`; pos <
+// context_len or >= seq_len, slots the step does not write), in the step's key or value input
+// (the request's token `pos`, its own key / value), or in the query (token `pos` of the request,
+// query head `head`). `negative`: the sign bit of the NaN set.
 struct NanSpot {
-  enum Kind { key_cache, key_input, query } kind;
+  enum Kind { key_cache, key_input, value_cache, value_input, query } kind;
   int req, pos, head, dim;
   bool negative = false;
+
+  bool in_cache() const { return kind == key_cache || kind == value_cache; }
+  bool in_value() const { return kind == value_cache || kind == value_input; }
 };
 
 enum class Kind { prefill, decode };
@@ -110,11 +131,16 @@ const std::vector<Scenario>& scenarios() {
                                                        // every item (the warp-specialized kernel's
                                                        // general step even where unmasked)
            {NanSpot::query, 0, 10, 20, 7},             // one row (token 10, head 20)
+           {NanSpot::value_input, 0, 100, 0, 5},       // V: dim 5 of tokens 100 .. 299; the item
+                                                       // holding token 100 also holds 96 .. 99,
+                                                       // which must stay finite (diagonal tile)
            // Request 1, positions 700 .. 899; seq_len 900, last page 896 .. 911.
            {NanSpot::key_cache, 1, 300, 3, 17},        // every row: mid-tile, unmasked everywhere
            {NanSpot::key_input, 1, 150, 5, 63},        // position 850: tokens 150 .. 199 only
            {NanSpot::key_cache, 1, 903, 0, 1},         // past the end: no effect
            {NanSpot::key_cache, 1, 911, 6, 9, true},   // past the end: no effect
+           {NanSpot::value_cache, 1, 400, 7, 50},      // V: dim 50 of every row
+           {NanSpot::value_cache, 1, 905, 2, 11},      // V past the end: no effect
            // Request 2, positions 1500 .. 1563; seq_len 1564, last page 1552 .. 1567.
            {NanSpot::key_cache, 2, 1000, 6, 5},        // every row: mid-tile, unmasked everywhere
            {NanSpot::key_cache, 2, 1499, 4, 2},        // the last cached key: every row, in the
@@ -122,6 +148,9 @@ const std::vector<Scenario>& scenarios() {
            {NanSpot::key_input, 2, 63, 7, 40},         // the last token's own key: that token only
            {NanSpot::key_cache, 2, 1565, 0, 0, true},  // past the end: no effect
            {NanSpot::query, 2, 5, 1, 30, true},        // one row (token 5, head 1)
+           {NanSpot::value_input, 2, 20, 5, 0, true},  // V: dim 0 of tokens 20 .. 63 (16 .. 19
+                                                       // share its item and stay finite)
+           {NanSpot::value_cache, 2, 1567, 3, 7},      // V past the end: no effect
        }},
       // Decodes of one token (the last visible key is the token's own, at position `context`).
       {"decode",
@@ -130,15 +159,20 @@ const std::vector<Scenario>& scenarios() {
        {{0, 1}, {0, 1}, {100, 1}, {45, 1}, {1500, 1}, {2100, 1}, {700, 1}, {64, 1}},
        {
            {NanSpot::key_input, 0, 0, 1, 7},           // its only key, KV head 1
+           {NanSpot::value_input, 0, 0, 6, 2},         // V of its only key: dim 2 of heads 24 .. 27
            {NanSpot::query, 1, 0, 3, 11},              // its only key, a NaN query (head 3)
            {NanSpot::key_cache, 2, 37, 0, 2},          // KV head 0
            {NanSpot::key_cache, 3, 46, 0, 5},          // past the end (keys 0 .. 45)
            {NanSpot::key_cache, 3, 47, 1, 0, true},    // past the end
+           {NanSpot::value_cache, 3, 46, 3, 6},        // V past the end
            {NanSpot::key_cache, 4, 1200, 2, 33},       // a later tile of a long request (split-KV)
            {NanSpot::key_cache, 4, 3, 7, 1},           // its first tile, KV head 7
+           {NanSpot::value_cache, 4, 1300, 5, 20, true},  // V, a later tile of the split request
            {NanSpot::key_cache, 5, 2105, 3, 4},        // past the end (keys 0 .. 2100)
+           {NanSpot::value_cache, 5, 2110, 6, 13},     // V past the end
            {NanSpot::query, 5, 0, 17, 60, true},       // a NaN query in a long (split) request
            {NanSpot::key_input, 6, 0, 5, 63},          // its own key, the last tile
+           {NanSpot::value_input, 6, 0, 1, 9},         // V of its own key
            {NanSpot::key_cache, 7, 63, 4, 8},          // the last cached key, KV head 4
        }},
       // Window 40: a decode at position p sees [p - 39, p].
@@ -149,13 +183,18 @@ const std::vector<Scenario>& scenarios() {
        {
            {NanSpot::key_cache, 0, 47, 1, 4},          // [47, 86]: its first key
            {NanSpot::key_cache, 0, 46, 0, 4},          // below the window
+           {NanSpot::value_cache, 0, 46, 2, 3},        // V just below, in the window's first page
            {NanSpot::key_cache, 1, 20, 2, 0, true},    // below the window
            {NanSpot::key_cache, 1, 60, 3, 31},         // [61, 100]: just below
+           {NanSpot::value_cache, 1, 61, 4, 12},       // V at its first key
+           {NanSpot::value_cache, 1, 55, 5, 1, true},  // V below
            {NanSpot::key_cache, 2, 110, 4, 2},         // [111, 150]: just below
            {NanSpot::key_cache, 2, 130, 5, 3, true},   // inside
+           {NanSpot::value_cache, 2, 140, 6, 0},       // V inside
            {NanSpot::key_cache, 2, 155, 0, 1},         // past the end (page 144 .. 159)
            {NanSpot::key_cache, 3, 500, 6, 1},         // far below the window
            {NanSpot::key_cache, 3, 960, 7, 1, true},   // [961, 1000]: just below
+           {NanSpot::value_cache, 3, 960, 3, 0},       // V just below, in the window's first page
            {NanSpot::query, 3, 0, 0, 9},               // NaN query (head 0)
        }},
       // Window 100: a token at position p sees [p - 99, p].
@@ -168,10 +207,17 @@ const std::vector<Scenario>& scenarios() {
            {NanSpot::key_cache, 0, 150, 0, 0},         // below every row's window
            {NanSpot::key_cache, 0, 250, 1, 5},         // tokens 0 .. 49 only
            {NanSpot::key_input, 0, 80, 2, 6, true},    // position 380: tokens 80 .. 99
+           {NanSpot::value_cache, 0, 200, 3, 1},       // V just below every row's window (page
+                                                       // 192 .. 207, a tile token 0 sees)
+           {NanSpot::value_cache, 0, 230, 4, 7},       // V: tokens 0 .. 29 (below for 30 .. 99)
+           {NanSpot::value_cache, 0, 201, 6, 4, true}, // V at token 0's first key, below the
+                                                       // window of tokens 1 .. 99
            // Request 1, positions 0 .. 199: token i sees [i - 99, i].
            {NanSpot::key_input, 1, 20, 3, 7},          // tokens 20 .. 119 (earlier: causal; later:
                                                        // below the window)
            {NanSpot::query, 1, 150, 30, 8},            // one row (token 150, head 30)
+           {NanSpot::value_input, 1, 50, 5, 2},        // V: tokens 50 .. 149 (token 149's first
+                                                       // key; earlier: causal; later: below)
            // Request 2, position 40, sees [0, 40].
            {NanSpot::key_cache, 2, 0, 4, 9},           // its first key
            {NanSpot::key_cache, 2, 45, 5, 9},          // past the end (page 32 .. 47)
@@ -237,21 +283,16 @@ Outcome run_case(const AttentionBackend& backend, Device device, const conforman
   for (const NanSpot& n : spots) {
     const float nan = n.negative ? -std::nanf("") : std::nanf("");
     const int64_t token = inputs.query_start_loc[static_cast<size_t>(n.req)] + n.pos;
-    switch (n.kind) {
-      case NanSpot::key_cache: {  // K half of the cache (index 0)
-        const int64_t block =
-            inputs.block_table[static_cast<size_t>(n.req * inputs.block_table_cols + n.pos / block_size)];
-        const int64_t at = block * cache.stride(1) + (n.pos % block_size) * cache.stride(2) +
-                           n.head * cache.stride(3) + n.dim * cache.stride(4);
-        store_element(run.kv_cache, at, nan);  // bf16 / f16 quiet NaN, e4m3 0x7F / 0xFF
-        break;
-      }
-      case NanSpot::key_input:
-        store_element(run.key, (token * kKvHeads + n.head) * d + n.dim, nan);
-        break;
-      case NanSpot::query:
-        store_element(run.query, (token * kHeads + n.head) * d + n.dim, nan);
-        break;
+    if (n.kind == NanSpot::query) {
+      store_element(run.query, (token * kHeads + n.head) * d + n.dim, nan);
+    } else if (n.in_cache()) {  // the K (index 0) or V (index 1) half of the cache
+      const int64_t block =
+          inputs.block_table[static_cast<size_t>(n.req * inputs.block_table_cols + n.pos / block_size)];
+      const int64_t at = (n.in_value() ? 1 : 0) * cache.stride(0) + block * cache.stride(1) +
+                         (n.pos % block_size) * cache.stride(2) + n.head * cache.stride(3) + n.dim * cache.stride(4);
+      store_element(run.kv_cache, at, nan);  // bf16 / f16 quiet NaN, e4m3 0x7F / 0xFF
+    } else {  // the step's key or value input, stored by its own cache write
+      store_element(n.in_value() ? run.value : run.key, (token * kKvHeads + n.head) * d + n.dim, nan);
     }
   }
   fill(run.output, kSentinel);
@@ -275,39 +316,67 @@ Outcome run_case(const AttentionBackend& backend, Device device, const conforman
 // Index of row (token, head) in (tokens, kHeads) order.
 size_t row_index(int token, int head) { return static_cast<size_t>(token * kHeads + head); }
 
-// Expected NaN rows (token, head): a K NaN makes every row that sees its key NaN (the KV head's
-// query heads), a query NaN its own row.
-std::vector<uint8_t> expected_nan_rows(const Scenario& s, const conformance::CaseInputs& in) {
-  std::vector<uint8_t> nan_row(static_cast<size_t>(in.num_tokens) * kHeads, 0);
+// The NaN a scenario expects: per output element (tokens, kHeads, D) and per row's LSE (tokens,
+// kHeads). A NaN logit (K, query) makes a whole row NaN, output and LSE; a NaN value makes only
+// its own dim of the rows that see its key NaN (REFERENCE: o_d = sum_k p_k v_kd / l, the LSE
+// comes from the logits alone).
+struct Expected {
+  std::vector<uint8_t> out, lse;
+  int rows = 0;  // rows with a NaN element
+
+  bool row_has_nan(size_t row, int d) const {
+    return std::any_of(out.begin() + static_cast<std::ptrdiff_t>(row) * d,
+                       out.begin() + static_cast<std::ptrdiff_t>(row + 1) * d, [](uint8_t x) { return x != 0; });
+  }
+};
+
+// A K or V NaN reaches every row that sees its key (the KV head's query heads), a query NaN its
+// own row.
+Expected expected_nan(const Scenario& s, const conformance::CaseInputs& in) {
+  const int d = in.c.head_size;
+  Expected e;
+  e.out.assign(static_cast<size_t>(in.num_tokens) * kHeads * static_cast<size_t>(d), 0);
+  e.lse.assign(static_cast<size_t>(in.num_tokens) * kHeads, 0);
+  const auto mark = [&](size_t row, const NanSpot& n) {
+    const size_t first = row * static_cast<size_t>(d);
+    if (n.in_value()) {
+      e.out[first + static_cast<size_t>(n.dim)] = 1;
+      return;
+    }
+    std::fill_n(e.out.begin() + static_cast<std::ptrdiff_t>(first), d, uint8_t{1});
+    e.lse[row] = 1;
+  };
   for (const NanSpot& n : s.spots) {
     const int q0 = in.query_start_loc[static_cast<size_t>(n.req)];
     if (n.kind == NanSpot::query) {
-      nan_row[row_index(q0 + n.pos, n.head)] = 1;
+      mark(row_index(q0 + n.pos, n.head), n);
       continue;
     }
     const int context = in.c.batch[static_cast<size_t>(n.req)].context_len;
-    const int key = n.kind == NanSpot::key_input ? context + n.pos : n.pos;
+    const int key = n.in_cache() ? n.pos : context + n.pos;
     for (int t = 0; t < in.query_len(n.req); ++t) {
       const int pos = context + t;
       const int lo = s.window ? pos - (*s.window - 1) : 0;
       if (key < lo || key > pos) continue;  // not seen
-      for (int h = n.head * kGroup; h < (n.head + 1) * kGroup; ++h) nan_row[row_index(q0 + t, h)] = 1;
+      for (int h = n.head * kGroup; h < (n.head + 1) * kGroup; ++h) mark(row_index(q0 + t, h), n);
     }
   }
-  return nan_row;
+  for (size_t row = 0; row < e.lse.size(); ++row) e.rows += e.row_has_nan(row, d) ? 1 : 0;
+  return e;
 }
 
 struct CheckResult {
-  int nan_rows = 0;         // rows that came out NaN
+  int nan_rows = 0;         // rows that came out with a NaN element
   double out_rel = 0;       // ||out - ref|| / ||ref|| over the finite expected rows
   double lse_rel = 0;       // the same over their LSE
   double worst_row = 0;     // largest per-row relative error of those rows
 };
 
-// Checks `o` against the expected NaN rows and, elsewhere, against `ref` (tol: the norm
-// tolerance of the whole; 4 tol per row and LSE element). One failure line per request.
+// Checks `o` against the expected NaN elements and, elsewhere, against `ref` (tol: the norm
+// tolerance of the whole; 4 tol per row, over its finite elements, and per LSE element). One
+// failure line per request.
 CheckResult check_run(const std::string& what, const Outcome& o, const Outcome& ref, const conformance::CaseInputs& in,
-                      const std::vector<uint8_t>& nan_row, double tol) {
+                      const Expected& want, double tol) {
   CheckResult res;
   const int d = in.c.head_size;
   const int64_t lse_stride = in.num_tokens;  // LSE (Hq, num_tokens)
@@ -317,7 +386,8 @@ CheckResult check_run(const std::string& what, const Outcome& o, const Outcome& 
     std::string first;
     for (int t = in.query_start_loc[static_cast<size_t>(r)]; t < in.query_start_loc[static_cast<size_t>(r) + 1]; ++t) {
       for (int h = 0; h < kHeads; ++h) {
-        const bool want_nan = nan_row[row_index(t, h)] != 0;
+        const size_t row = row_index(t, h);
+        const bool want_nan = want.lse[row] != 0;  // the whole row
         const size_t li = static_cast<size_t>(h) * static_cast<size_t>(lse_stride) + static_cast<size_t>(t);
         const float lse = o.lse[li], lse_ref = ref.lse[li];
         std::string bad;
@@ -334,21 +404,23 @@ CheckResult check_run(const std::string& what, const Outcome& o, const Outcome& 
         int bad_dims = 0, nan_dims = 0;
         double rd2 = 0, rr2 = 0;
         for (int x = 0; x < d; ++x) {
-          const size_t i = row_index(t, h) * static_cast<size_t>(d) + static_cast<size_t>(x);
+          const size_t i = row * static_cast<size_t>(d) + static_cast<size_t>(x);
           const float v = o.out[i], rv = ref.out[i];
+          const bool want_nan_x = want.out[i] != 0;
           nan_dims += std::isnan(v) ? 1 : 0;
           std::string why;
           if (v == o.out_sentinel) {
             why = "not written";
-          } else if (want_nan ? !std::isnan(v) : !std::isfinite(v)) {
-            why = std::to_string(v) + " (REFERENCE " + std::to_string(rv) + ")";
-          } else if (!want_nan) {
+          } else if (want_nan_x ? !std::isnan(v) : !std::isfinite(v)) {
+            why = std::to_string(v) + " (REFERENCE " + std::to_string(rv) +
+                  ", NaN expected: " + std::to_string(want_nan_x) + ")";
+          } else if (!want_nan_x) {
             rd2 += (double(v) - rv) * (double(v) - rv);
             rr2 += double(rv) * rv;
           }
           if (!why.empty() && bad_dims++ == 0) bad += (bad.empty() ? "" : ", ") + std::string("dim ") + std::to_string(x) + ": " + why;
         }
-        res.nan_rows += nan_dims == d ? 1 : 0;
+        res.nan_rows += nan_dims > 0 ? 1 : 0;
         if (!want_nan && bad_dims == 0) {
           const double row_rel = rr2 > 0 ? std::sqrt(rd2 / rr2) : std::sqrt(rd2);
           res.worst_row = std::max(res.worst_row, row_rel);
@@ -358,8 +430,9 @@ CheckResult check_run(const std::string& what, const Outcome& o, const Outcome& 
         }
         if (bad.empty()) continue;
         if (bad_rows++ == 0) {
-          first = "token " + std::to_string(t) + " head " + std::to_string(h) + " (NaN expected: " + std::to_string(want_nan) +
-                  "): " + bad + ", " + std::to_string(bad_dims) + " dims wrong";
+          const char* expect = want_nan ? "row" : want.row_has_nan(row, d) ? "value dims" : "none";
+          first = "token " + std::to_string(t) + " head " + std::to_string(h) + " (NaN expected: " + expect + "): " + bad +
+                  ", " + std::to_string(bad_dims) + " dims wrong";
         }
       }
     }
@@ -408,7 +481,7 @@ void run_scenario(const char* name, uint64_t seed0) {
       }
       for (const NanSpot& n : s.spots) {  // the scenario's own consistency
         const RequestShape& rs = c.batch[static_cast<size_t>(n.req)];
-        if (n.kind == NanSpot::key_cache) {
+        if (n.in_cache()) {
           ASSERT_TRUE(n.pos < rs.context_len || n.pos >= rs.context_len + rs.query_len) << label << ": slot " << n.pos;
           ASSERT_LT(n.pos / c.block_size, inputs.block_table_cols) << label;
         } else {
@@ -417,15 +490,13 @@ void run_scenario(const char* name, uint64_t seed0) {
         ASSERT_LT(n.head, n.kind == NanSpot::query ? kHeads : kKvHeads) << label;
         ASSERT_LT(n.dim, d) << label;
       }
-      const std::vector<uint8_t> nan_row = expected_nan_rows(s, inputs);
-      int expected = 0;
-      for (int t = 0; t < inputs.num_actual_tokens; ++t)
-        for (int h = 0; h < kHeads; ++h) expected += nan_row[row_index(t, h)];
+      const Expected want = expected_nan(s, inputs);
+      const int expected = want.rows;
       const int rows = inputs.num_actual_tokens * kHeads;
       ASSERT_TRUE(expected > 0 && expected < rows) << label << ": " << expected << " of " << rows << " rows NaN";
 
       const Outcome reference = run_case(conformance::reference(), Device::cpu, inputs, s.spots);
-      check_run(label + " REFERENCE", reference, reference, inputs, nan_row, conformance::tolerance(c));
+      check_run(label + " REFERENCE", reference, reference, inputs, want, conformance::tolerance(c));
 
       ConformanceCase c16 = c;  // fp8 caches off the 8-bit wgmma path: the 16-bit cache's tolerance
       c16.kv_cache_dtype = "auto";
@@ -440,7 +511,7 @@ void run_scenario(const char* name, uint64_t seed0) {
           continue;
         }
         const double tol = c.fp8_kv() && !cuda.ws ? conformance::tolerance(c16) : conformance::tolerance(c);
-        const CheckResult res = check_run(what, cuda, reference, inputs, nan_row, tol);
+        const CheckResult res = check_run(what, cuda, reference, inputs, want, tol);
         std::printf("[ nan ] %-44s %-16s %-28s NaN rows %d / %d (expected %d), rel error out %.2e lse %.2e, "
                     "worst row %.2e (tol %.0e)\n",
                     label.c_str(), *variant ? variant : "default", cuda.plan.c_str(), res.nan_rows, rows, expected,
