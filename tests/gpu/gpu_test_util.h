@@ -8,6 +8,7 @@
 #include <random>
 
 #include "../../src/backends/cuda/attention/cuda_backend.h"
+#include "../../src/backends/cuda/common/kernel_override.h"
 #include "pagedattn/pagedattn.h"
 
 #define PAGEDATTN_REQUIRE_GPU()                                                     \
@@ -16,6 +17,16 @@
   } while (0)
 
 namespace pagedattn::gpu_test {
+
+// Forces a PAGEDATTN_CUDA_KERNEL value (kernel_override.h) for the builders made in its scope and
+// restores the environment's when the scope ends.
+class KernelOverrideScope {
+ public:
+  explicit KernelOverrideScope(const char* spec) { cuda::set_kernel_override(cuda::parse_kernel_override(spec)); }
+  ~KernelOverrideScope() { cuda::set_kernel_override(std::nullopt); }
+  KernelOverrideScope(const KernelOverrideScope&) = delete;
+  KernelOverrideScope& operator=(const KernelOverrideScope&) = delete;
+};
 
 // Host tensor of `dtype` filled with uniform(lo, hi) values (rounded into dtype).
 inline Tensor random_host(Shape shape, DType dtype, uint64_t seed, float lo = -1.f, float hi = 1.f) {

@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "backends/cuda/attention/cuda_backend_internal.h"
-#include "backends/cuda/common/kernel_override.h"
 #include "conformance/harness.h"
 #include "gpu_test_util.h"
 
@@ -223,10 +222,7 @@ TEST(CudaGraph, CaptureOnceReplayWithDifferentBatches) {
 // too. decode=decode pairs every decode batch (the automatic choice pairs only large ones).
 TEST(CudaGraph, Fp8D64GraphsReplayPairedPlans) {
   PAGEDATTN_REQUIRE_GPU();
-  struct OverrideGuard {  // decode=decode for the builder made in this test, the environment's after
-    OverrideGuard() { cuda::set_kernel_override(cuda::parse_kernel_override("decode=decode")); }
-    ~OverrideGuard() { cuda::set_kernel_override(std::nullopt); }
-  } guard;
+  const gpu_test::KernelOverrideScope decode_kernel("decode=decode");
   GraphCase gc;
   gc.heads = 16;
   gc.kv_heads = 4;

@@ -36,15 +36,6 @@ namespace {
 using conformance::ConformanceCase;
 using cuda::AttentionKernel;
 
-// Forces a PAGEDATTN_CUDA_KERNEL value (kernel_override.h) for the builders made in its scope and
-// restores the environment's when the scope ends.
-struct OverrideGuard {
-  explicit OverrideGuard(const char* spec) { cuda::set_kernel_override(cuda::parse_kernel_override(spec)); }
-  ~OverrideGuard() { cuda::set_kernel_override(std::nullopt); }
-  OverrideGuard(const OverrideGuard&) = delete;
-  OverrideGuard& operator=(const OverrideGuard&) = delete;
-};
-
 bool small_grid() {
   const char* v = std::getenv("PAGEDATTN_GPU_SMALL_GRID");
   return v != nullptr && std::string(v) == "1";
@@ -211,7 +202,7 @@ int run_cases(const std::vector<ConformanceCase>& cases, uint64_t seed0, uint64_
 }
 
 void run_all(const char* override_spec, const std::vector<int>& head_sizes, uint64_t seed0) {
-  const OverrideGuard guard(override_spec);
+  const gpu_test::KernelOverrideScope guard(override_spec);
   int decode_plans = 0;
   const int run = run_cases(prefill_cases(head_sizes), seed0, 104729, &decode_plans);
   std::cout << "[ variants ] " << run << " cases run\n";
@@ -259,7 +250,7 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
     return planned_kernel(c);
   };
   {
-    const OverrideGuard guard("");
+    const gpu_test::KernelOverrideScope guard("");
     EXPECT_EQ(plan_kernel(128, DType::bf16, "auto"), AttentionKernel::ws);
     EXPECT_EQ(plan_kernel(64, DType::f16, "auto"), AttentionKernel::ws);
     EXPECT_EQ(plan_kernel(256, DType::bf16, "auto"), AttentionKernel::ws);
@@ -273,11 +264,11 @@ TEST(CudaKernelVariants, WarpSpecializedSelectedOnHopper) {
     EXPECT_EQ(plan_kernel(128, DType::bf16, "auto", 64), AttentionKernel::mma);
   }
   {
-    const OverrideGuard guard("prefill=wgmma");
+    const gpu_test::KernelOverrideScope guard("prefill=wgmma");
     EXPECT_EQ(plan_kernel(128, DType::bf16, "auto"), AttentionKernel::wgmma);
   }
   {
-    const OverrideGuard guard("prefill=mma");
+    const gpu_test::KernelOverrideScope guard("prefill=mma");
     EXPECT_EQ(plan_kernel(128, DType::bf16, "auto"), AttentionKernel::mma);
   }
   EXPECT_EQ(cuda::attention_kernel_info(128, DType::bf16, false, AttentionKernel::ws).ctas_per_sm, 1);
@@ -390,7 +381,7 @@ std::vector<ConformanceCase> decode_cases() {
 }
 
 void run_decode_cases(const char* override_spec, uint64_t seed0) {
-  const OverrideGuard guard(override_spec);
+  const gpu_test::KernelOverrideScope guard(override_spec);
   int decode_plans = 0;
   const int run = run_cases(decode_cases(), seed0, 7919, &decode_plans);
   if (cuda::kernel_override().decode == cuda::DecodeKernelChoice::unified) {
@@ -424,7 +415,7 @@ TEST(CudaKernelVariants, UnifiedDecodeMatchesReference) {
 // (The smallest batches' choice depends on the SM count; these hold for 100+ SMs.)
 TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
   PAGEDATTN_REQUIRE_GPU();
-  const OverrideGuard guard("");
+  const gpu_test::KernelOverrideScope guard("");
   const std::vector<conformance::RequestShape> decodes(128, conformance::RequestShape{300, 1});
   std::vector<conformance::RequestShape> spec = decodes;
   spec[5] = {300, 4};
@@ -454,11 +445,11 @@ TEST(CudaKernelVariants, DecodeKernelPlanChoice) {
   // One request over 8 kv heads: filling the device leaves 3-tile chunks (the unified kernel's).
   EXPECT_FALSE(plan_uses_decode_kernel(128, {{8000, 1}}, 8));
   {
-    const OverrideGuard forced("decode=decode");
+    const gpu_test::KernelOverrideScope forced("decode=decode");
     EXPECT_TRUE(plan_uses_decode_kernel(128, {{8000, 1}}, 8));
   }
   {
-    const OverrideGuard unified("decode=unified");
+    const gpu_test::KernelOverrideScope unified("decode=unified");
     EXPECT_FALSE(plan_uses_decode_kernel(128, decodes));
   }
 }

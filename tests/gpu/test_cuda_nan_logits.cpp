@@ -66,7 +66,6 @@
 
 #include "../../src/backends/cuda/attention/cuda_backend_internal.h"
 #include "../../src/backends/cuda/attention/kernel_selection.h"
-#include "../../src/backends/cuda/common/kernel_override.h"
 #include "conformance/harness.h"
 #include "gpu_test_util.h"
 
@@ -78,15 +77,6 @@ using conformance::RequestShape;
 
 constexpr int kHeads = 32, kKvHeads = 8, kGroup = kHeads / kKvHeads;
 constexpr float kSentinel = -7777.f;  // no output or LSE reaches it
-
-// Forces a PAGEDATTN_CUDA_KERNEL value for the builders made in its scope (prepare_run makes
-// the builder) and restores the environment's when the scope ends.
-struct OverrideGuard {
-  explicit OverrideGuard(const char* spec) { cuda::set_kernel_override(cuda::parse_kernel_override(spec)); }
-  ~OverrideGuard() { cuda::set_kernel_override(std::nullopt); }
-  OverrideGuard(const OverrideGuard&) = delete;
-  OverrideGuard& operator=(const OverrideGuard&) = delete;
-};
 
 // One NaN: in the K or V cache (request req's cached key `pos`, KV head `head`, dim `dim`; pos <
 // context_len or >= seq_len, slots the step does not write), in the step's key or value input
@@ -504,7 +494,7 @@ void run_scenario(const char* name, uint64_t seed0) {
         const std::string what = label + " [" + (*variant ? variant : "default") + "]";
         Outcome cuda;
         try {
-          const OverrideGuard guard(variant);
+          const gpu_test::KernelOverrideScope guard(variant);
           cuda = run_case(backend, Device::cuda, inputs, s.spots);
         } catch (const std::exception& e) {
           ADD_FAILURE() << what << " threw: " << e.what();

@@ -54,7 +54,6 @@
 #include <utility>
 #include <vector>
 
-#include "../../src/backends/cuda/common/kernel_override.h"
 #include "../../src/backends/cuda/mla/mla_cuda_backend.h"
 #include "../../src/backends/cuda/mla/mla_decode.h"
 #include "conformance/mla_harness.h"
@@ -147,16 +146,6 @@ const Scenario& mixed_scenario() {
 
 // The kernel overrides a case runs under ("" = the default choice).
 constexpr const char* kVariants[] = {"", "mla=mma"};
-
-// Sets PAGEDATTN_CUDA_KERNEL's choice for the builders made in its scope (the step makes its
-// builder) and gives the environment's back when the scope ends.
-class KernelChoiceScope {
- public:
-  explicit KernelChoiceScope(const char* spec) { cuda::set_kernel_override(cuda::parse_kernel_override(spec)); }
-  ~KernelChoiceScope() { cuda::set_kernel_override(std::nullopt); }
-  KernelChoiceScope(const KernelChoiceScope&) = delete;
-  KernelChoiceScope& operator=(const KernelChoiceScope&) = delete;
-};
 
 // Everything one case feeds both backends, on the host: the latent cache holds the context rows
 // (zeros elsewhere) and the scenario's cache NaNs; q / kv_c / k_pe hold its input NaNs.
@@ -457,7 +446,7 @@ void run_scenario(const Scenario& s, uint64_t seed) {
         const std::string what = label + " [" + (*variant ? variant : "default") + "]";
         Outcome got;
         try {
-          const KernelChoiceScope scope(variant);
+          const gpu_test::KernelOverrideScope scope(variant);
           got = run_step(kBackend, kDevice, s, in);
         } catch (const std::exception& e) {
           ADD_FAILURE() << what << " threw: " << e.what();
