@@ -36,6 +36,7 @@
 #include "../../src/backends/cpu/cpu_internal.h"
 #include "conformance/env_guard.h"
 #include "conformance/harness.h"
+#include "conformance/nan_rule_case.h"
 #include "cpu_kernel_paths.h"
 
 namespace pagedattn::cpu {
@@ -178,16 +179,8 @@ TEST_P(CpuDecodeNanLogits, NanLogitRowsAreNanAsReference) {
   for (const Scenario& s : scenarios()) {
     for (const CacheConfig& cc : configs) {
       for (int d : {64, 128}) {
-        conformance::ConformanceCase c;
-        c.dtype = cc.activations;
-        c.kv_cache_dtype = cc.kv_cache_dtype;
-        c.head_size = d;
-        c.num_heads = kHeads;
-        c.num_kv_heads = kKvHeads;
-        c.sliding_window = s.window;
-        c.return_lse = true;
-        c.distribution = conformance::Distribution::normal;
-        c.batch = s.batch;
+        const conformance::ConformanceCase c =
+            conformance::nan_rule_case(cc.activations, cc.kv_cache_dtype, d, kHeads, kKvHeads, s.window, s.batch);
         const std::string what = std::string(s.name) + " " + c.describe();
         const conformance::CaseInputs inputs = conformance::make_inputs(c, ++seed);
         ASSERT_EQ(inputs.c.batch.size(), c.batch.size()) << what;

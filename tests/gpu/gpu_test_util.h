@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "../../src/backends/cuda/attention/cuda_backend.h"
 #include "../../src/backends/cuda/common/kernel_override.h"
@@ -35,6 +36,28 @@ inline Tensor random_host(Shape shape, DType dtype, uint64_t seed, float lo = -1
   std::uniform_real_distribution<float> dist(lo, hi);
   for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), dtype, i, dist(rng));
   return t;
+}
+
+// `value` as a tensor of `dtype` stores it (rounded; fp8: saturated or NaN as store_f32 writes it).
+inline float as_stored(float value, DType dtype) {
+  unsigned char bytes[8] = {};
+  store_f32(bytes, dtype, 0, value);
+  return load_f32(bytes, dtype, 0);
+}
+
+// Sets every element of t (host or device memory, contiguous) to `value`.
+inline void fill_value(Tensor& t, float value) {
+  Tensor host(t.shape(), t.dtype(), Device::cpu);
+  for (int64_t i = 0; i < host.numel(); ++i) store_f32(host.data(), host.dtype(), i, value);
+  t.copy_from(host);
+}
+
+// Every element of t (host or device memory) as a float, in order.
+inline std::vector<float> host_floats(const Tensor& t) {
+  const Tensor host = t.to(Device::cpu);
+  std::vector<float> v(static_cast<size_t>(host.numel()));
+  for (int64_t i = 0; i < host.numel(); ++i) v[static_cast<size_t>(i)] = load_f32(host.data(), host.dtype(), i);
+  return v;
 }
 
 // ||a - b|| / ||b|| over every element (a NaN in `a` counts as a failure: returns +inf).

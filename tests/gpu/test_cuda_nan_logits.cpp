@@ -67,6 +67,7 @@
 #include "../../src/backends/cuda/attention/cuda_backend_internal.h"
 #include "../../src/backends/cuda/attention/kernel_selection.h"
 #include "conformance/harness.h"
+#include "conformance/nan_rule_case.h"
 #include "gpu_test_util.h"
 
 namespace pagedattn {
@@ -236,24 +237,6 @@ void store_element(const Tensor& t, int64_t index, float value) {
   ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err);
 }
 
-// Sets every element of t (host or device, contiguous) to `value`.
-void fill(Tensor& t, float value) {
-  if (t.device() == Device::cpu) {
-    for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), t.dtype(), i, value);
-    return;
-  }
-  Tensor host(t.shape(), t.dtype(), Device::cpu);
-  for (int64_t i = 0; i < host.numel(); ++i) store_f32(host.data(), host.dtype(), i, value);
-  t.copy_from(host);
-}
-
-std::vector<float> to_host_floats(const Tensor& t) {
-  const Tensor host = t.to(Device::cpu);
-  std::vector<float> v(static_cast<size_t>(host.numel()));
-  for (int64_t i = 0; i < host.numel(); ++i) v[static_cast<size_t>(i)] = load_f32(host.data(), host.dtype(), i);
-  return v;
-}
-
 struct Outcome {
   std::vector<float> out;    // (tokens, kHeads, D)
   std::vector<float> lse;    // (kHeads, tokens)
@@ -285,21 +268,17 @@ Outcome run_case(const AttentionBackend& backend, Device device, const conforman
       store_element(n.in_value() ? run.value : run.key, (token * kKvHeads + n.head) * d + n.dim, nan);
     }
   }
-  fill(run.output, kSentinel);
-  {
-    unsigned char bytes[8] = {};
-    store_f32(bytes, run.output.dtype(), 0, kSentinel);
-    outcome.out_sentinel = load_f32(bytes, run.output.dtype(), 0);
-  }
-  fill(run.output_lse, kSentinel);
+  gpu_test::fill_value(run.output, kSentinel);
+  outcome.out_sentinel = gpu_test::as_stored(kSentinel, run.output.dtype());
+  gpu_test::fill_value(run.output_lse, kSentinel);
   if (const auto* md = dynamic_cast<const cuda::CudaAttentionMetadata*>(run.step_metadata.get())) {
     outcome.plan = std::string(cuda::attention_kernel_name(md->kernel)) + ", " + std::to_string(md->num_work_items) +
                    " items, " + std::to_string(md->num_combine_items) + " combine";
     outcome.ws = md->kernel == cuda::AttentionKernel::ws;
   }
   conformance::execute(run);
-  outcome.out = to_host_floats(run.output);
-  outcome.lse = to_host_floats(run.output_lse);
+  outcome.out = gpu_test::host_floats(run.output);
+  outcome.lse = gpu_test::host_floats(run.output_lse);
   return outcome;
 }
 
@@ -450,16 +429,8 @@ void run_scenario(const char* name, uint64_t seed0) {
   uint64_t seed = seed0;
   for (const CacheConfig& cc : configs) {
     for (int d : {64, 128, 256}) {
-      ConformanceCase c;
-      c.dtype = cc.activations;
-      c.kv_cache_dtype = cc.kv_cache_dtype;
-      c.head_size = d;
-      c.num_heads = kHeads;
-      c.num_kv_heads = kKvHeads;
-      c.sliding_window = s.window;
-      c.return_lse = true;
-      c.distribution = conformance::Distribution::normal;
-      c.batch = s.batch;
+      const ConformanceCase c =
+          conformance::nan_rule_case(cc.activations, cc.kv_cache_dtype, d, kHeads, kKvHeads, s.window, s.batch);
       const std::string label = std::string(s.name) + " " + std::string(dtype_name(c.dtype)) + " kv=" + c.kv_cache_dtype +
                                 " D=" + std::to_string(d);
       EXPECT_TRUE(conformance::unsupported_reasons(backend, Device::cuda, c).empty()) << label;

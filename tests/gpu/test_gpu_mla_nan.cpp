@@ -235,20 +235,6 @@ struct Outcome {
   int context_chunks = 0;    // the plan's chunked-context chunks
 };
 
-// A host tensor of `shape` in `dtype` with every element the sentinel, on `device`.
-Tensor sentinel_tensor(Shape shape, DType dtype, Device device) {
-  Tensor host(shape, dtype, Device::cpu);
-  for (int64_t i = 0; i < host.numel(); ++i) store_f32(host.data(), dtype, i, kSentinel);
-  return host.to(device);
-}
-
-std::vector<float> host_floats(const Tensor& t) {
-  const Tensor host = t.to(Device::cpu);
-  std::vector<float> v(static_cast<size_t>(host.numel()));
-  for (int64_t i = 0; i < host.numel(); ++i) v[static_cast<size_t>(i)] = load_f32(host.data(), host.dtype(), i);
-  return v;
-}
-
 // One step of an MLAAttention layer forced to `backend` on `device`: plan, cache write, forward
 // into sentinel-filled output and LSE.
 Outcome run_step(const char* backend, Device device, const Scenario& s, const StepInputs& in) {
@@ -266,15 +252,15 @@ Outcome run_step(const char* backend, Device device, const Scenario& s, const St
   if (const auto* m = dynamic_cast<const MLAMetadata*>(plan.get()); m && m->prefill && m->prefill->chunked_context) {
     o.context_chunks = m->prefill->chunked_context->num_chunks;
   }
-  Tensor out = sentinel_tensor(Shape{in.tokens, in.heads, kV}, kAct, device);
-  Tensor lse = sentinel_tensor(Shape{in.heads, in.tokens}, DType::f32, device);
+  Tensor out(Shape{in.tokens, in.heads, kV}, kAct, device);
+  Tensor lse(Shape{in.heads, in.tokens}, DType::f32, device);
+  gpu_test::fill_value(out, kSentinel);
+  gpu_test::fill_value(lse, kSentinel);
   layer.forward(in.q.to(device), in.kv_c.to(device), in.k_pe.to(device), cache, *plan, out, lse);
   if (device == Device::cuda) synchronize_cuda();
-  o.out = host_floats(out);
-  o.lse = host_floats(lse);
-  unsigned char bytes[4] = {};
-  store_f32(bytes, kAct, 0, kSentinel);
-  o.out_sentinel = load_f32(bytes, kAct, 0);
+  o.out = gpu_test::host_floats(out);
+  o.lse = gpu_test::host_floats(lse);
+  o.out_sentinel = gpu_test::as_stored(kSentinel, kAct);
   return o;
 }
 
