@@ -36,6 +36,10 @@
 //            request, in the first tile, in the token's own key, a NaN query (the only key, and
 //            a split request), NaN past the end (no effect); NaN values in the only key, in the
 //            token's own key, in a later tile of a split request, past the end (no effect);
+//   spec-decode: decodes of 1 to 4 tokens (speculative rows: decode-path items of up to 16 rows,
+//            kv-head pairs at fp8 D 64), whose last keys only the later tokens see: NaN values of
+//            a token's own key (the earlier tokens of its item must stay finite), a NaN key of a
+//            token's own, NaN values every row sees, past the end (no effect), a NaN query;
 //   window-decode / window-prefill: sliding windows: NaN below a row's window (no effect), at
 //            its first key, inside it for some rows of a chunk and below it for others; NaN values
 //            the same: below (no effect; in the window's first page), at a row's first key,
@@ -165,6 +169,25 @@ const std::vector<Scenario>& scenarios() {
            {NanSpot::key_input, 6, 0, 5, 63},          // its own key, the last tile
            {NanSpot::value_input, 6, 0, 1, 9},         // V of its own key
            {NanSpot::key_cache, 7, 63, 4, 8},          // the last cached key, KV head 4
+       }},
+      // Decodes of 1 to 4 tokens: token t of a request with context c sits at position c + t.
+      {"spec-decode",
+       Kind::decode,
+       std::nullopt,
+       {{100, 4}, {37, 3}, {500, 2}, {1300, 4}, {64, 1}},
+       {
+           {NanSpot::value_input, 0, 1, 2, 5},         // V: dim 5 of tokens 1 .. 3 (token 0 shares
+                                                       // their item and stays finite)
+           {NanSpot::key_input, 0, 2, 1, 3},           // tokens 2, 3 only
+           {NanSpot::value_cache, 0, 50, 4, 9},        // V: dim 9 of every row of KV head 4
+           {NanSpot::value_input, 1, 2, 6, 0, true},   // V: its last token only
+           {NanSpot::value_cache, 1, 41, 3, 1},        // V past the end (page 32 .. 47): no effect
+           {NanSpot::value_input, 2, 1, 0, 7},         // V: token 1 only (KV heads 0, 1 paired at
+                                                       // fp8 D 64)
+           {NanSpot::key_cache, 2, 200, 5, 2},         // every row of KV head 5
+           {NanSpot::value_input, 3, 3, 7, 11},        // V: the last token of a long (split) request
+           {NanSpot::value_cache, 3, 1000, 2, 4, true},  // V: dim 4 of every row of KV head 2
+           {NanSpot::query, 4, 0, 9, 1},               // one row (head 9)
        }},
       // Window 40: a decode at position p sees [p - 39, p].
       {"window-decode",
@@ -490,6 +513,11 @@ TEST(CudaNanLogits, PrefillRowsAreNanAsReference) {
 TEST(CudaNanLogits, DecodeRowsAreNanAsReference) {
   PAGEDATTN_REQUIRE_GPU();
   run_scenario("decode", 0x4A41);
+}
+
+TEST(CudaNanLogits, SpecDecodeRowsAreNanAsReference) {
+  PAGEDATTN_REQUIRE_GPU();
+  run_scenario("spec-decode", 0x4A44);
 }
 
 TEST(CudaNanLogits, WindowDecodeRowsAreNanAsReference) {

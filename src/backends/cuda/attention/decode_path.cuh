@@ -33,6 +33,8 @@
 // Per warp and 64-key tile at D = 128: 8 16-byte shared loads, 64 conversions, 16 byte_perms, 32
 // MMAs (before, bf16 operands: 32 4-byte loads, 64 conversions + 128 f16 -> f32 + 64 bf16 packs).
 // k_scale is folded into the logit scale, v_scale applied to o once at the end.
+// NaN isolation (speculative rows): a masked step whose partly visible V rows of a warp's keys hold
+// a non-finite value takes that warp's P . V key by key (value_isolation.cuh).
 // Other fp8 head sizes (D % 32 != 0) convert each staged tile to the activation type in shared
 // memory (convert_kv_tile) and take the 16-bit path.
 //
@@ -43,6 +45,7 @@
 
 #include "backends/cuda/attention/kv_tile_loads.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
+#include "backends/cuda/common/value_isolation.cuh"
 
 #include <type_traits>
 
@@ -335,6 +338,44 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     const float c0 = online_softmax_row<kNT>(s, 0, row_factor ? factor * row_k_scale[0] : factor, m[0], l[0]);
     const float c1 = online_softmax_row<kNT>(s, 1, row_factor ? factor * row_k_scale[1] : factor, m[1], l[1]);
     rescale_o(o, c0, c1);
+
+    // A masked step whose partly visible V rows (of this warp's keys) hold a non-finite value
+    // takes P . V key by key, each row over the keys it sees (value_isolation.cuh; speculative
+    // rows: the causal diagonal). The direct layout's o column n of n8 tile t is dim n D/8 + t.
+    if (masked) {
+      const int wkey0 = key0 + warp * kWarpKeys;
+      const PartlyVisibleKeys pvk =
+          partly_visible_keys(wkey0, kWarpKeys, ctx.item.kv_start, ctx.item.kv_end, ctx.lo_max, ctx.hi_min);
+      bool bad;
+      if constexpr (kDirect) {
+        constexpr int kRowChunks = D / 16;
+        bad = any_nonfinite<1>(pvk.count() * kRowChunks, nonfinite_fp8_mask(p.fp8_format), lane, 32, [&](int i) {
+          const int key = warp * kWarpKeys + pvk.key(i / kRowChunks);  // in the step
+          return stage + (key / kKeysPerTile) * Tr::kDecodeTileBytes + (kKeysPerTile + key % kKeysPerTile) * kRawRow +
+                 (i % kRowChunks) * 16;
+        });
+      } else {
+        const char* v_rows = reinterpret_cast<const char*>(v_tile) + warp * kWarpKeys * Tr::kRowStride * 2;
+        bad = any_nonfinite<2>(pvk.count() * Tr::kChunks, kNonFinite16<T>, lane, 32, [&](int i) {
+          return v_rows + pvk.key(i / Tr::kChunks) * Tr::kRowStride * 2 + (i % Tr::kChunks) * 16;
+        });
+      }
+      if (__any_sync(0xffffffffu, bad)) {
+        const auto sees = [&](int e, int key) { return key >= rows[e].lo && key <= rows[e].hi; };
+        if constexpr (kDirect) {
+          pv_visible_keys<kNT, Tr::kDTiles>(o, s, wkey0, sees, [&](int key) {
+            const CacheValueRow<T, kPaired> v = cache_value_row<T, kPaired>(p, ctx, key);
+            return [v](int dim) { return v((dim & 7) * (D / 8) + (dim >> 3)); };
+          });
+        } else {
+          pv_visible_keys<kNT, Tr::kDTiles>(o, s, wkey0, sees, [&](int key) {
+            const T* v = v_tile + (key - key0) * Tr::kRowStride;
+            return [v](int dim) { return to_f32(v[dim]); };
+          });
+        }
+        continue;
+      }
+    }
 
     // O += P (16 x kWarpKeys) . V (kWarpKeys x D), one k16 step (16 keys) at a time.
     using PT = std::conditional_t<kDirect, __half, T>;  // the MMA operand type

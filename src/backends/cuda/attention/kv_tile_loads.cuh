@@ -45,6 +45,44 @@ __device__ __forceinline__ KVRowOffsets kv_row_offsets(const AttentionKernelPara
   return o;
 }
 
+// The V row of key position `pos` (in the item's range) read from global memory, element by
+// element as the MMAs take it (fp8: decoded, before v_scale), as float: the exact P . V path of
+// value_isolation.cuh (pv_visible_keys' row(key)). Dims past head_size_v read 0 (as the
+// zero-filled tile columns), and so does a row whose page id is outside the cache (as the
+// copies). kPaired (kItemPairedHeads): dims [0, head_size_v) are kv head 2 kv_head's, the next
+// head_size_v the second head's.
+template <typename T, bool kPaired = false>
+struct CacheValueRow {
+  const char* row;  // nullptr: zeros
+  int64_t second;   // bytes from the first head's row to the second's (kPaired)
+  int head_size_v, format;
+  __device__ __forceinline__ float operator()(int dim) const {
+    if (row == nullptr) return 0.f;
+    const char* src = row;
+    if (kPaired && dim >= head_size_v) {
+      src += second;
+      dim -= head_size_v;
+    }
+    if (dim >= head_size_v) return 0.f;
+    if (format == 1) return to_f32(reinterpret_cast<const __nv_fp8_e4m3*>(src)[dim]);
+    if (format == 2) return to_f32(reinterpret_cast<const __nv_fp8_e5m2*>(src)[dim]);
+    return to_f32(reinterpret_cast<const T*>(src)[dim]);
+  }
+};
+template <typename T, bool kPaired = false>
+__device__ __forceinline__ CacheValueRow<T, kPaired> cache_value_row(const AttentionKernelParams& p,
+                                                                     const ItemContext& ctx, int pos) {
+  const int elem_bytes = p.fp8_format != 0 ? 1 : 2;
+  CacheValueRow<T, kPaired> r{nullptr, p.v_head_stride * elem_bytes, p.head_size_v, p.fp8_format};
+  int block = 0;
+  if (p.paged) {
+    block = __ldg(p.block_table + ctx.item.request * p.block_table_stride + page_index(p, ctx, pos));
+    if (block < 0 || block >= p.num_blocks) return r;
+  }
+  r.row = static_cast<const char*>(p.value) + kv_row_offsets(p, ctx, pos, block, elem_bytes, kPaired ? 2 : 1).v;
+  return r;
+}
+
 // Copy mapping of a K/V tile: kThreadsPerRow adjacent threads copy one key row, each at least 2
 // of its 16-byte chunks (chunk lane + k * kThreadsPerRow), up to 8 threads (a 128-byte line per
 // row and instruction); rows tid / kThreadsPerRow + i * kRowStep. Each thread owns

@@ -67,6 +67,9 @@
 // Precision points: as the other paths (f32 logits, softmax state and O; P rounded to the
 // activation type for P . V, the row sums from the f32 P; output rounded once); fp8: Q (per row)
 // and P rounded to e4m3 instead.
+// NaN isolation: a masked tile's partly visible V rows are scanned before its P . V; a non-finite
+// value there is kept from the rows that cannot see its key (value_isolation.cuh: added to O and
+// zeroed in prefill items, P . V key by key in decode items).
 //
 // Not sm_90a: the body is a trap and the builder never selects this kernel.
 #pragma once
@@ -74,6 +77,7 @@
 #include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/attention/paged_prefill_wgmma.cuh"
 #include "backends/cuda/attention/ws_producer.cuh"
+#include "backends/cuda/common/value_isolation.cuh"
 
 namespace pagedattn::cuda {
 
@@ -226,6 +230,103 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
 
   const WsStageSync<W> sync{bars};
 
+  // NaN isolation (value_isolation.cuh). A masked tile's partly visible V rows (fp8: the 16-key
+  // groups of V^T that hold them) are scanned by the warpgroup after the tile's softmax, before its
+  // P . V; only if they hold a non-finite value does anything else run:
+  //   prefill items (isolate): each thread adds those values to its O for the rows that see their
+  //     keys, and they are zeroed in shared memory, so that the wgmma adds only finite products;
+  //     the pipelined loop keeps its shape (a skipped wgmma there would cost registers in every
+  //     step). `shared`: the other consumer computes the tile too; both add before consumer 0
+  //     zeroes;
+  //   decode items (in order, one consumer a tile): P . V key by key instead (pv_exact).
+  auto tile_masked = [&](int key0) { return key0 < ctx.lo_max || key0 + W::kKeys - 1 > ctx.hi_min; };
+  constexpr int kElemBytes = kFp8 ? 1 : 2;
+  const uint32_t nonfinite_mask = kFp8 ? nonfinite_fp8_mask(kE5m2 ? 2 : 1) : kNonFinite16<T>;
+  struct Scan {
+    char* v;                 // the stage's V tile
+    PartlyVisibleKeys keys;  // tile-local (fp8: whole 16-key groups, in `below`)
+    int count;               // 16-byte chunks to scan
+  };
+  auto scan_of = [&](int stage, int key0) {
+    Scan sc;
+    sc.v = stages + stage * W::kStageBytes + W::kKvTileBytes;
+    // (keys outside the item's range are zero-filled: the tile's bounds stand for it)
+    sc.keys = partly_visible_keys(key0, W::kKeys, key0, key0 + W::kKeys, ctx.lo_max, ctx.hi_min);
+    if constexpr (kFp8) {
+      int lo = W::kKeys, hi = 0;
+      if (sc.keys.below.count() > 0) lo = sc.keys.below.lo, hi = sc.keys.below.hi;
+      if (sc.keys.above.count() > 0) lo = min(lo, sc.keys.above.lo), hi = max(hi, sc.keys.above.hi);
+      sc.keys.below = hi > lo ? KeySpan{lo & ~15, (hi + 15) & ~15} : KeySpan{0, 0};
+      sc.keys.above = KeySpan{0, 0};
+      sc.count = sc.keys.below.count() / 16 * D;
+    } else {
+      sc.count = sc.keys.count() * (D / 8);
+    }
+    return sc;
+  };
+  auto chunk_of = [&](const Scan& sc) {
+    return [&sc](int i) -> char* {
+      if constexpr (kFp8) {  // chunk (dim row, 16-key group) of V^T
+        const int groups = sc.keys.below.count() / 16;
+        return sc.v + ws_vt_offset<W::kKeys>(i / groups, sc.keys.below.lo / 16 + i % groups, 0);
+      } else {  // N-major key rows of D / 8 chunks
+        return sc.v + swizzled_offset<W::kKeys>(sc.keys.key(i / (D / 8)), i % (D / 8));
+      }
+    };
+  };
+  // Every warp scans all the chunks: a warp vote, no barrier (and a flag the compiler knows is
+  // warp-uniform, as a wgmma guarded by it must be).
+  auto poisoned = [&](const Scan& sc) {
+    return __any_sync(0xffffffffu, any_nonfinite<kElemBytes>(sc.count, nonfinite_mask, threadIdx.x & 31, 32, chunk_of(sc)));
+  };
+  const auto sees = [&](int e, int key) { return key >= rows[e].lo && key <= rows[e].hi; };
+  // V element (tile-local key, dim) of the stage as float.
+  auto v_value = [&](const char* v, int key, int dim) {
+    if constexpr (kFp8) {  // V^T column of the key: ws_v_key's inverse within its group
+      const int k = key & 15, c = 4 * ((k & 7) >> 1) + 2 * (k >> 3) + (k & 1);
+      const char* b = v + ws_vt_offset<W::kKeys>(dim, key >> 4, c >> 2) + (c & 3);
+      return kE5m2 ? to_f32(*reinterpret_cast<const __nv_fp8_e5m2*>(b)) : to_f32(*reinterpret_cast<const __nv_fp8_e4m3*>(b));
+    } else {
+      return to_f32(*reinterpret_cast<const T*>(v + swizzled_offset<W::kKeys>(key, dim >> 3) + (dim & 7) * 2));
+    }
+  };
+  auto pv_exact = [&](int stage, int key0) {
+    if (!warp_live) return;  // (no row: its s is not P)
+    const char* v = stages + stage * W::kStageBytes + W::kKvTileBytes;
+    pv_visible_keys<W::kScoreTiles, D / 8>(o, s, key0, sees, [&](int key) {
+      const int row = key - key0;
+      return [&, v, row](int dim) { return v_value(v, row, dim); };
+    });
+  };
+  auto isolate = [&](int stage, int key0, bool shared) {
+    if (!tile_masked(key0)) return;
+    const Scan sc = scan_of(stage, key0);
+    if (!poisoned(sc)) return;
+    if (warp_live) {
+      add_nonfinite_values<D / 8>(o, sc.keys, key0, sees, [&](int key, int dim) { return v_value(sc.v, key, dim); });
+    }
+    // every warp (both consumers when shared) has scanned and read the values
+    if (shared) {
+      named_barrier::sync<256>(5);
+    } else {
+      named_barrier::sync<128>(3 + wg);
+    }
+    if (!shared || wg == 0) zero_nonfinite<kElemBytes>(sc.count, nonfinite_mask, threadIdx.x & 127, 128, chunk_of(sc));
+    wgmma::fence_async_smem();  // the zeros, before the wgmma's reads
+    if (shared) {
+      named_barrier::sync<256>(5);
+    } else {
+      named_barrier::sync<128>(3 + wg);
+    }
+  };
+  // Whether the other consumer computes prefill tile t too (its rows see some key of it).
+  auto other_computes = [&](int t) {
+    const int other_first = 64 * (1 - wg);
+    if (other_first >= ctx.item.num_rows) return false;
+    const int other_hi = make_row_range(p, ctx, min(other_first + 63, ctx.item.num_rows - 1)).hi;
+    return tiles.base + t * W::kKeys <= other_hi;
+  };
+
   // Decode items: consumer 0's last tile (its stage holds consumer 0's state for the merge).
   const int merge_tile = decode && active >= 2 ? ((active - 1) & ~1) : -1;
   const RingPos item_ring = ring;
@@ -262,13 +363,18 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         pack();
       }
       sync.wait_v(ring.stage, ring.phase);
-      wgmma::reg_fence(pa);
-      wgmma::reg_fence(o);
-      wgmma::fence();
-      issue_o(ring.stage);
-      wgmma::wait<0>();
-      wgmma::reg_fence(o);
-      wgmma::reg_fence(pa);
+      const int key0 = tiles.base + t * W::kKeys;
+      if (tile_masked(key0) && poisoned(scan_of(ring.stage, key0))) {  // (speculative rows: the diagonal)
+        pv_exact(ring.stage, key0);
+      } else {
+        wgmma::reg_fence(pa);
+        wgmma::reg_fence(o);
+        wgmma::fence();
+        issue_o(ring.stage);
+        wgmma::wait<0>();
+        wgmma::reg_fence(o);
+        wgmma::reg_fence(pa);
+      }
       if (t != merge_tile) sync.release_v(ring.stage);
       ring.template advance<W::kStages>();
     }
@@ -288,6 +394,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         softmax(tiles.base, c0, c1);  // O is zero: no rescale
         pack();
       }
+      sync.wait_v_landed(ring.stage, ring.phase);
+      isolate(ring.stage, tiles.base, other_computes(0));
     }
     // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
     // A tile that needs no mask and no general logit transform (most tiles of a long item) runs as
@@ -341,6 +449,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         rescale_o(o, c0, c1);
       }
       pack();
+      if constexpr (!kFast) {  // (the fast step's tile t + 1 is unmasked)
+        sync.wait_v_landed(nxt.stage, nxt.phase);
+        isolate(nxt.stage, tiles.base + (t + 1) * W::kKeys, other_computes(t + 1));
+      }
       ring = nxt;
     };
   #pragma unroll 1
@@ -376,6 +488,9 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   // last stage, consumer 1 merges it into its own and releases that stage. kMergePasses = 2 (D =
   // 256): O in two halves, m and l with the first; a barrier between passes frees the scratch.
   if (merge_tile >= 0) {
+    // consumer 0's warps are all done reading its last stage (the NaN-isolation scan reads it
+    // with generic loads) before its live warp overwrites it
+    if (wg == 0) named_barrier::sync<128>(3);
     RingPos mp = item_ring;
     for (int t = 0; t < merge_tile; ++t) mp.template advance<W::kStages>();
     float* scratch = reinterpret_cast<float*>(stages + mp.stage * W::kStageBytes) + (threadIdx.x & 127);

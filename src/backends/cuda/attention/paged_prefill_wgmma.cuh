@@ -43,6 +43,8 @@
 //
 // Precision points: as the mma.sync path (f32 logits, softmax state and O; P rounded to the
 // activation type for P . V, the row sums from the f32 P; output rounded once).
+// NaN isolation: a masked tile whose partly visible V rows hold a non-finite value takes P . V key
+// by key instead of the wgmma (value_isolation.cuh).
 //
 // Not sm_90a (a build for another target): the body is a trap and the builder never selects this
 // variant (wgmma_kernels_available()).
@@ -51,6 +53,7 @@
 #include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/attention/paged_attention_common.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
+#include "backends/cuda/common/value_isolation.cuh"
 
 namespace pagedattn::cuda {
 
@@ -305,6 +308,16 @@ __device__ void run_prefill_item_wgmma(const AttentionKernelParams& p, const Ite
     const uint64_t v_desc = wgmma::smem_desc(k_tile + W::kTileBytes, 64 * 128, 1024);
     const int key0 = ctx.tile_base + tile * kKeysPerTile;
     const bool masked = key0 < ctx.lo_max || key0 + kKeysPerTile - 1 > ctx.hi_min;
+    // A masked tile whose partly visible V rows hold a non-finite value takes P . V key by key,
+    // each row over the keys it sees (value_isolation.cuh; the scan runs on masked tiles only).
+    const char* v_tile = k_tile + W::kTileBytes;
+    bool exact = false;
+    if (masked) {  // (uniform over the CTA)
+      const PartlyVisibleKeys pvk =
+          partly_visible_keys(key0, kKeysPerTile, ctx.item.kv_start, ctx.item.kv_end, ctx.lo_max, ctx.hi_min);
+      exact = __syncthreads_or(any_nonfinite<2>(pvk.count() * W::kChunks, kNonFinite16<T>, threadIdx.x, kThreadsPerCta,
+                                                [&](int i) { return v_tile + swizzled_offset(pvk.key(i / W::kChunks), i % W::kChunks); })) != 0;
+    }
     // Copies of tile + 1 into the stage of tile - 1 (issued under the first active block's S).
     bool refilled = false;
     auto refill = [&]() {
@@ -331,6 +344,18 @@ __device__ void run_prefill_item_wgmma(const AttentionKernelParams& p, const Ite
       }
       softmax_to_p<D, T>(s, p, ctx, rows[h], 64 * h + 16 * warp + quad_row, key0, general, masked, m[h], l[h],
                          o[h], pa);
+      if (exact) {  // (no wgmma in flight: the wait above)
+        pv_visible_keys<8, D / 8>(
+            o[h], s, key0, [&](int e, int key) { return key >= rows[h][e].lo && key <= rows[h][e].hi; },
+            [&](int key) {
+              const int row = key - key0;
+              const char* v = v_tile;
+              return [v, row](int dim) {
+                return to_f32(*reinterpret_cast<const T*>(v + swizzled_offset(row, dim >> 3) + (dim & 7) * 2));
+              };
+            });
+        continue;
+      }
       wgmma::reg_fence(o[h]);
       wgmma::reg_fence(pa);
       wgmma::fence();

@@ -9,12 +9,16 @@
 // Epilogue: the warp stages its normalized rows in its own Q rows and writes 16-byte chunks;
 // split items write f32 partials from registers.
 //
+// NaN isolation: a masked tile whose partly visible V rows hold a non-finite value takes P . V key
+// by key instead of the MMAs (value_isolation.cuh).
+//
 // Memory traffic and floor: each KV byte of an item's range once per item (items of one request
 // and kv head share it through L2); the floor is 4 * rows * visible keys * D / MMA rate.
 #pragma once
 
 #include "backends/cuda/attention/kv_tile_loads.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
+#include "backends/cuda/common/value_isolation.cuh"
 
 namespace pagedattn::cuda {
 
@@ -134,6 +138,29 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
       const float c0 = online_softmax_row<NT>(s[mt], 0, factor, m[mt][0], l[mt][0]);
       const float c1 = online_softmax_row<NT>(s[mt], 1, factor, m[mt][1], l[mt][1]);
       rescale_o(o[mt], c0, c1);
+    }
+    // A masked tile whose partly visible V rows hold a non-finite value takes P . V key by key,
+    // each row over the keys it sees (value_isolation.cuh; the scan runs on masked tiles only).
+    bool exact = false;
+    if (masked) {
+      const PartlyVisibleKeys pvk =
+          partly_visible_keys(key0, kKeysPerTile, ctx.item.kv_start, ctx.item.kv_end, ctx.lo_max, ctx.hi_min);
+      const char* v_rows = reinterpret_cast<const char*>(v_tile);
+      exact = __any_sync(0xffffffffu, any_nonfinite<2>(pvk.count() * Tr::kChunks, kNonFinite16<T>, lane, 32, [&](int i) {
+                return v_rows + pvk.key(i / Tr::kChunks) * Tr::kRowStride * 2 + (i % Tr::kChunks) * 16;
+              }));
+    }
+    if (exact) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pv_visible_keys<NT, Tr::kDTiles>(
+            o[mt], s[mt], key0, [&](int e, int key) { return key >= rows[mt][e].lo && key <= rows[mt][e].hi; },
+            [&](int key) {
+              const T* v = v_tile + (key - key0) * Tr::kRowStride;
+              return [v](int dim) { return to_f32(v[dim]); };
+            });
+      }
+      continue;
     }
 #pragma unroll
     for (int kk = 0; kk < kKeysPerTile / 16; ++kk) {

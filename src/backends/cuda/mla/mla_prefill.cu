@@ -20,11 +20,14 @@
 // over the measured matrix rate.
 // Precision points: logits, softmax state and o in f32; P rounded to the activation type before
 // P.V (the row sum uses the f32 P); exp2 via ex2.approx; output rounded once (RNE); LSE f32.
+// NaN isolation: a causal tile whose V rows past a warp's first row hold a non-finite value takes
+// P . V key by key (value_isolation.cuh), so that it reaches only the rows that see its key.
 #include <cuda_runtime.h>
 
 #include "backends/cuda/common/async_primitives.cuh"
 #include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
+#include "backends/cuda/common/value_isolation.cuh"
 #include "backends/cuda/mla/mla_prefill.h"
 #include "pagedattn/error.h"
 
@@ -109,6 +112,9 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_kernel(const PrefillP
     hi[h] = t >= q_len ? -1 : (p.causal ? min(kv_len - 1, t + offset) : kv_len - 1);
   }
   const int warp_hi = p.causal ? min(kv_len - 1, q0 + r0 + 15 + offset) : kv_len - 1;
+  // The last key every live row of the warp sees (its first row's); whether it has live rows.
+  const bool warp_live = q0 + r0 < q_len;
+  const int warp_hi_min = p.causal ? min(kv_len - 1, q0 + r0 + offset) : kv_len - 1;
   float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
   float o[kVDim / 8][4];
 #pragma unroll
@@ -171,6 +177,25 @@ __global__ void __launch_bounds__(kThreads, 2) mla_prefill_kernel(const PrefillP
       for (int d = 0; d < kVDim / 8; ++d) {
         o[d][2 * h] *= alpha;
         o[d][2 * h + 1] *= alpha;
+      }
+    }
+    // A tile whose V rows hold a non-finite value at a key some live row of the warp cannot see
+    // (past the first row's last key: the causal diagonal) takes P . V key by key, each row over
+    // the keys it sees (value_isolation.cuh; the scan runs on such tiles only).
+    if (warp_live && key0 + kKeys - 1 > warp_hi_min) {
+      const PartlyVisibleKeys pvk = partly_visible_keys(key0, kKeys, 0, kv_len, 0, warp_hi_min);
+      const char* v_rows = reinterpret_cast<const char*>(v_s);
+      const bool bad = any_nonfinite<2>(pvk.count() * kVChunks, kNonFinite16<T>, lane, 32, [&](int i) {
+        return v_rows + (pvk.key(i / kVChunks) * kVStride + (i % kVChunks) * 8) * 2;
+      });
+      if (__any_sync(0xffffffffu, bad)) {
+        pv_visible_keys<kKeys / 8, kVDim / 8>(
+            o, s, key0, [&](int e, int key) { return key <= hi[e]; },
+            [&](int key) {
+              const T* v = v_s + (key - key0) * kVStride;
+              return [v](int dim) { return to_f32(v[dim]); };
+            });
+        continue;
       }
     }
 #pragma unroll
