@@ -229,6 +229,16 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   };
 
   const WsStageSync<W> sync{bars};
+  // P . V of a stage issued and waited for (the in-order tiles: nothing else in flight).
+  auto pv_now = [&](int stage) {
+    wgmma::reg_fence(pa);
+    wgmma::reg_fence(o);
+    wgmma::fence();
+    issue_o(stage);
+    wgmma::wait<0>();
+    wgmma::reg_fence(o);
+    wgmma::reg_fence(pa);
+  };
 
   // NaN isolation (value_isolation.cuh). A masked tile's partly visible V rows (fp8: the 16-key
   // groups of V^T that hold them) are scanned by the warpgroup after the tile's softmax, before its
@@ -367,13 +377,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       if (tile_masked(key0) && poisoned(scan_of(ring.stage, key0))) {  // (speculative rows: the diagonal)
         pv_exact(ring.stage, key0);
       } else {
-        wgmma::reg_fence(pa);
-        wgmma::reg_fence(o);
-        wgmma::fence();
-        issue_o(ring.stage);
-        wgmma::wait<0>();
-        wgmma::reg_fence(o);
-        wgmma::reg_fence(pa);
+        pv_now(ring.stage);
       }
       if (t != merge_tile) sync.release_v(ring.stage);
       ring.template advance<W::kStages>();
@@ -466,12 +470,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     }
     if (active > 0) {  // the last computed tile: P . V alone
       sync.wait_v(ring.stage, ring.phase);
-      wgmma::reg_fence(pa);
-      wgmma::reg_fence(o);
-      wgmma::fence();
-      issue_o(ring.stage);
-      wgmma::wait<0>();
-      wgmma::reg_fence(o);
+      pv_now(ring.stage);
       sync.release_v(ring.stage);
       ring.template advance<W::kStages>();
     }
