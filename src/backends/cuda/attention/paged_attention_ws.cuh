@@ -292,8 +292,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   const auto sees = [&](int e, int key) { return key >= rows[e].lo && key <= rows[e].hi; };
   // V element (tile-local key, dim) of the stage as float.
   auto v_value = [&](const char* v, int key, int dim) {
-    if constexpr (kFp8) {  // V^T column of the key: ws_v_key's inverse within its group
-      const int k = key & 15, c = 4 * ((k & 7) >> 1) + 2 * (k >> 3) + (k & 1);
+    if constexpr (kFp8) {  // V^T column c of the key within its group
+      const int c = ws_v_col(key & 15);
       const char* b = v + ws_vt_offset<W::kKeys>(dim, key >> 4, c >> 2) + (c & 3);
       return kE5m2 ? to_f32(*reinterpret_cast<const __nv_fp8_e5m2*>(b)) : to_f32(*reinterpret_cast<const __nv_fp8_e4m3*>(b));
     } else {

@@ -54,6 +54,14 @@ __device__ __forceinline__ float2 unpack_16bit_pair(uint32_t w) {
 
 // Key of V^T column p (0..15) of a group of 16: the key whose P value the fragment holds there.
 constexpr int ws_v_key(int p) { return 2 * (p >> 2) + (p & 1) + 8 * ((p >> 1) & 1); }
+// Its inverse: the V^T column of key k (0..15) of a group.
+constexpr int ws_v_col(int k) { return 4 * ((k & 7) >> 1) + 2 * (k >> 3) + (k & 1); }
+constexpr bool ws_v_col_inverts_key() {
+  for (int k = 0; k < 16; ++k)
+    if (ws_v_key(ws_v_col(k)) != k) return false;
+  return true;
+}
+static_assert(ws_v_col_inverts_key());
 
 // Byte offset of 16-byte chunk `chunk` (0 .. D / 16 - 1) of key row `row` in a V staging slot:
 // the K tile's layout (column blocks of kKeys rows x 128 bytes, 128-byte swizzle) with the swizzle
