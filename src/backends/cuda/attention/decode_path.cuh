@@ -45,7 +45,6 @@
 
 #include "backends/cuda/attention/kv_tile_loads.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
-#include "backends/cuda/common/value_isolation.cuh"
 
 #include <type_traits>
 
@@ -324,7 +323,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
         for (int e = 0; e < 4; ++e) s[j][e] = row_second[e >> 1] ? s_second[j][e] : s[j][e];
     }
     const int key0 = ctx.tile_base + step * kStep * kKeysPerTile;
-    const bool masked = key0 < ctx.lo_max || key0 + kStep * kKeysPerTile - 1 > ctx.hi_min;
+    const bool masked = tile_masked(ctx, key0, kStep * kKeysPerTile);
     if constexpr (kPaired) {  // the general logit transform takes the true dot products
       if (general) {
 #pragma unroll
@@ -344,8 +343,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
     // rows: the causal diagonal). The direct layout's o column n of n8 tile t is dim n D/8 + t.
     if (masked) {
       const int wkey0 = key0 + warp * kWarpKeys;
-      const PartlyVisibleKeys pvk =
-          partly_visible_keys(wkey0, kWarpKeys, ctx.item.kv_start, ctx.item.kv_end, ctx.lo_max, ctx.hi_min);
+      const PartlyVisibleKeys pvk = tile_partly_visible(ctx, wkey0, kWarpKeys);
       bool bad;
       if constexpr (kDirect) {
         constexpr int kRowChunks = D / 16;
@@ -361,7 +359,7 @@ __device__ void run_decode_item(const AttentionKernelParams& p, const ItemContex
         });
       }
       if (__any_sync(0xffffffffu, bad)) {
-        const auto sees = [&](int e, int key) { return key >= rows[e].lo && key <= rows[e].hi; };
+        const auto sees = [&](int e, int key) { return rows[e].sees(key); };
         if constexpr (kDirect) {
           pv_visible_keys<kNT, Tr::kDTiles>(o, s, wkey0, sees, [&](int key) {
             const CacheValueRow<T, kPaired> v = cache_value_row<T, kPaired>(p, ctx, key);

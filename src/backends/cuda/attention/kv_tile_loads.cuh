@@ -21,6 +21,13 @@
 
 namespace pagedattn::cuda {
 
+// Page id of key position `pos` of a paged cache from the block table, or -1 when the table holds
+// an id outside the cache (the row then reads as zeros).
+__device__ __forceinline__ int cache_page(const AttentionKernelParams& p, const ItemContext& ctx, int pos) {
+  const int block = __ldg(p.block_table + ctx.item.request * p.block_table_stride + page_index(p, ctx, pos));
+  return block >= 0 && block < p.num_blocks ? block : -1;
+}
+
 // Byte offsets of key position `pos` (head g) in K and V; the page id comes from `block`.
 struct KVRowOffsets {
   int64_t k, v;
@@ -74,11 +81,8 @@ __device__ __forceinline__ CacheValueRow<T, kPaired> cache_value_row(const Atten
                                                                      const ItemContext& ctx, int pos) {
   const int elem_bytes = p.fp8_format != 0 ? 1 : 2;
   CacheValueRow<T, kPaired> r{nullptr, p.v_head_stride * elem_bytes, p.head_size_v, p.fp8_format};
-  int block = 0;
-  if (p.paged) {
-    block = __ldg(p.block_table + ctx.item.request * p.block_table_stride + page_index(p, ctx, pos));
-    if (block < 0 || block >= p.num_blocks) return r;
-  }
+  const int block = p.paged ? cache_page(p, ctx, pos) : 0;
+  if (block < 0) return r;
   r.row = static_cast<const char*>(p.value) + kv_row_offsets(p, ctx, pos, block, elem_bytes, kPaired ? 2 : 1).v;
   return r;
 }
@@ -118,8 +122,7 @@ __device__ __forceinline__ void fetch_blocks(const AttentionKernelParams& p, con
     blocks[i] = 0;
     if (p.paged && tile < ctx.num_tiles && row < kKeysPerTile && pos >= ctx.item.kv_start &&
         pos < ctx.item.kv_end) {
-      const int block = __ldg(p.block_table + ctx.item.request * p.block_table_stride + page_index(p, ctx, pos));
-      blocks[i] = block >= 0 && block < p.num_blocks ? block : -1;
+      blocks[i] = cache_page(p, ctx, pos);
     }
   }
 }

@@ -25,6 +25,7 @@
 #include "backends/cuda/attention/output_store.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
 #include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/common/value_isolation.cuh"
 
 namespace pagedattn::cuda {
 
@@ -119,6 +120,17 @@ __device__ __forceinline__ int last_visible(const AttentionKernelParams& p, int 
   return p.window_right >= 0 ? min(seq_len - 1, pos + p.window_right) : seq_len - 1;
 }
 
+// Whether the key tile [key0, key0 + n) holds a key that some row of the item cannot see: the tile
+// then takes the logit mask (transform_scores) and the NaN isolation of its values.
+__device__ __forceinline__ bool tile_masked(const ItemContext& ctx, int key0, int n) {
+  return key0 < ctx.lo_max || key0 + n - 1 > ctx.hi_min;
+}
+// Its keys that some rows see and others not (value_isolation.cuh): inside the item's range, below
+// lo_max or past hi_min.
+__device__ __forceinline__ PartlyVisibleKeys tile_partly_visible(const ItemContext& ctx, int key0, int n) {
+  return partly_visible_keys(key0, n, ctx.item.kv_start, ctx.item.kv_end, ctx.lo_max, ctx.hi_min);
+}
+
 // ctx.lo_max / hi_min of the item's rows, packed `group` to a token.
 __device__ __forceinline__ void set_row_visibility(const AttentionKernelParams& p, ItemContext& ctx, int group) {
   const WorkItem& item = ctx.item;
@@ -157,6 +169,7 @@ __device__ __forceinline__ int page_index(const AttentionKernelParams& p, const 
 // padding rows past num_rows).
 struct RowRange {
   int lo, hi;
+  __device__ __forceinline__ bool sees(int key) const { return key >= lo && key <= hi; }
 };
 
 __device__ __forceinline__ int row_position(const ItemContext& ctx, int local_row) {
@@ -234,7 +247,7 @@ __device__ __forceinline__ float transform_scores(float (&s)[NT][4], const Atten
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + j * 8 + 2 * quad_col + (e & 1);
-        if (key < rows[e >> 1].lo || key > rows[e >> 1].hi) s[j][e] = neg_inf();
+        if (!rows[e >> 1].sees(key)) s[j][e] = neg_inf();
       }
     }
   }

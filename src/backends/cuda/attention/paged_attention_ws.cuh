@@ -77,7 +77,6 @@
 #include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/attention/paged_prefill_wgmma.cuh"
 #include "backends/cuda/attention/ws_producer.cuh"
-#include "backends/cuda/common/value_isolation.cuh"
 
 namespace pagedattn::cuda {
 
@@ -216,7 +215,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   };
   // Softmax of the scores of the tile at key0 (in s); returns the corrections of the two rows.
   auto softmax = [&](int key0, float& c0, float& c1) {
-    const bool masked = key0 < ctx.lo_max || key0 + W::kKeys - 1 > ctx.hi_min;
+    const bool masked = tile_masked(ctx, key0, W::kKeys);
     if (kFp8 && general) {  // the general logit transform takes the true dot products
 #pragma unroll
       for (int j = 0; j < W::kScoreTiles; ++j)
@@ -249,9 +248,9 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   //     step). `shared`: the other consumer computes the tile too; both add before consumer 0
   //     zeroes;
   //   decode items (in order, one consumer a tile): P . V key by key instead (pv_exact).
-  auto tile_masked = [&](int key0) { return key0 < ctx.lo_max || key0 + W::kKeys - 1 > ctx.hi_min; };
   constexpr int kElemBytes = kFp8 ? 1 : 2;
   const uint32_t nonfinite_mask = kFp8 ? nonfinite_fp8_mask(kE5m2 ? 2 : 1) : kNonFinite16<T>;
+  auto v_tile = [&](int stage) { return stages + stage * W::kStageBytes + W::kKvTileBytes; };
   struct Scan {
     char* v;                 // the stage's V tile
     PartlyVisibleKeys keys;  // tile-local (fp8: whole 16-key groups, in `below`)
@@ -259,9 +258,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   };
   auto scan_of = [&](int stage, int key0) {
     Scan sc;
-    sc.v = stages + stage * W::kStageBytes + W::kKvTileBytes;
-    // (keys outside the item's range are zero-filled: the tile's bounds stand for it)
-    sc.keys = partly_visible_keys(key0, W::kKeys, key0, key0 + W::kKeys, ctx.lo_max, ctx.hi_min);
+    sc.v = v_tile(stage);
+    sc.keys = tile_partly_visible(ctx, key0, W::kKeys);
     if constexpr (kFp8) {
       int lo = W::kKeys, hi = 0;
       if (sc.keys.below.count() > 0) lo = sc.keys.below.lo, hi = sc.keys.below.hi;
@@ -289,7 +287,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   auto poisoned = [&](const Scan& sc) {
     return __any_sync(0xffffffffu, any_nonfinite<kElemBytes>(sc.count, nonfinite_mask, threadIdx.x & 31, 32, chunk_of(sc)));
   };
-  const auto sees = [&](int e, int key) { return key >= rows[e].lo && key <= rows[e].hi; };
+  const auto sees = [&](int e, int key) { return rows[e].sees(key); };
   // V element (tile-local key, dim) of the stage as float.
   auto v_value = [&](const char* v, int key, int dim) {
     if constexpr (kFp8) {  // V^T column c of the key within its group
@@ -302,14 +300,14 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   };
   auto pv_exact = [&](int stage, int key0) {
     if (!warp_live) return;  // (no row: its s is not P)
-    const char* v = stages + stage * W::kStageBytes + W::kKvTileBytes;
+    const char* v = v_tile(stage);
     pv_visible_keys<W::kScoreTiles, D / 8>(o, s, key0, sees, [&](int key) {
       const int row = key - key0;
       return [&, v, row](int dim) { return v_value(v, row, dim); };
     });
   };
   auto isolate = [&](int stage, int key0, bool shared) {
-    if (!tile_masked(key0)) return;
+    if (!tile_masked(ctx, key0, W::kKeys)) return;
     const Scan sc = scan_of(stage, key0);
     if (!poisoned(sc)) return;
     if (warp_live) {
@@ -374,7 +372,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       }
       sync.wait_v(ring.stage, ring.phase);
       const int key0 = tiles.base + t * W::kKeys;
-      if (tile_masked(key0) && poisoned(scan_of(ring.stage, key0))) {  // (speculative rows: the diagonal)
+      if (tile_masked(ctx, key0, W::kKeys) && poisoned(scan_of(ring.stage, key0))) {  // (speculative rows: the diagonal)
         pv_exact(ring.stage, key0);
       } else {
         pv_now(ring.stage);
@@ -462,7 +460,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   #pragma unroll 1
     for (int t = 0; t + 1 < active; ++t) {
       const int key0 = tiles.base + (t + 1) * W::kKeys;
-      if (W::kBranchFreeSteps && !general && key0 >= ctx.lo_max && key0 + W::kKeys - 1 <= ctx.hi_min) {
+      if (W::kBranchFreeSteps && !general && !tile_masked(ctx, key0, W::kKeys)) {
         pipelined_step(t, std::true_type{});
       } else {
         pipelined_step(t, std::false_type{});

@@ -53,7 +53,6 @@
 #include "backends/cuda/attention/kernel_selection.h"
 #include "backends/cuda/attention/paged_attention_common.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
-#include "backends/cuda/common/value_isolation.cuh"
 
 namespace pagedattn::cuda {
 
@@ -307,14 +306,13 @@ __device__ void run_prefill_item_wgmma(const AttentionKernelParams& p, const Ite
     const uint64_t k_desc = wgmma::smem_desc(k_tile, 16, 1024);
     const uint64_t v_desc = wgmma::smem_desc(k_tile + W::kTileBytes, 64 * 128, 1024);
     const int key0 = ctx.tile_base + tile * kKeysPerTile;
-    const bool masked = key0 < ctx.lo_max || key0 + kKeysPerTile - 1 > ctx.hi_min;
+    const bool masked = tile_masked(ctx, key0, kKeysPerTile);
     // A masked tile whose partly visible V rows hold a non-finite value takes P . V key by key,
     // each row over the keys it sees (value_isolation.cuh; the scan runs on masked tiles only).
     const char* v_tile = k_tile + W::kTileBytes;
     bool exact = false;
     if (masked) {  // (uniform over the CTA)
-      const PartlyVisibleKeys pvk =
-          partly_visible_keys(key0, kKeysPerTile, ctx.item.kv_start, ctx.item.kv_end, ctx.lo_max, ctx.hi_min);
+      const PartlyVisibleKeys pvk = tile_partly_visible(ctx, key0, kKeysPerTile);
       exact = __syncthreads_or(any_nonfinite<2>(pvk.count() * W::kChunks, kNonFinite16<T>, threadIdx.x, kThreadsPerCta,
                                                 [&](int i) { return v_tile + swizzled_offset(pvk.key(i / W::kChunks), i % W::kChunks); })) != 0;
     }
@@ -346,7 +344,7 @@ __device__ void run_prefill_item_wgmma(const AttentionKernelParams& p, const Ite
                          o[h], pa);
       if (exact) {  // (no wgmma in flight: the wait above)
         pv_visible_keys<8, D / 8>(
-            o[h], s, key0, [&](int e, int key) { return key >= rows[h][e].lo && key <= rows[h][e].hi; },
+            o[h], s, key0, [&](int e, int key) { return rows[h][e].sees(key); },
             [&](int key) {
               const int row = key - key0;
               const char* v = v_tile;

@@ -18,7 +18,6 @@
 
 #include "backends/cuda/attention/kv_tile_loads.cuh"
 #include "backends/cuda/common/async_primitives.cuh"
-#include "backends/cuda/common/value_isolation.cuh"
 
 namespace pagedattn::cuda {
 
@@ -130,7 +129,7 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
         }
       }
     }
-    const bool masked = key0 < ctx.lo_max || key0 + kKeysPerTile - 1 > ctx.hi_min;
+    const bool masked = tile_masked(ctx, key0, kKeysPerTile);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const float factor =
@@ -143,8 +142,7 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
     // each row over the keys it sees (value_isolation.cuh; the scan runs on masked tiles only).
     bool exact = false;
     if (masked) {
-      const PartlyVisibleKeys pvk =
-          partly_visible_keys(key0, kKeysPerTile, ctx.item.kv_start, ctx.item.kv_end, ctx.lo_max, ctx.hi_min);
+      const PartlyVisibleKeys pvk = tile_partly_visible(ctx, key0, kKeysPerTile);
       const char* v_rows = reinterpret_cast<const char*>(v_tile);
       exact = __any_sync(0xffffffffu, any_nonfinite<2>(pvk.count() * Tr::kChunks, kNonFinite16<T>, lane, 32, [&](int i) {
                 return v_rows + pvk.key(i / Tr::kChunks) * Tr::kRowStride * 2 + (i % Tr::kChunks) * 16;
@@ -154,7 +152,7 @@ __device__ void run_prefill_item(const AttentionKernelParams& p, const ItemConte
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         pv_visible_keys<NT, Tr::kDTiles>(
-            o[mt], s[mt], key0, [&](int e, int key) { return key >= rows[mt][e].lo && key <= rows[mt][e].hi; },
+            o[mt], s[mt], key0, [&](int e, int key) { return rows[mt][e].sees(key); },
             [&](int key) {
               const T* v = v_tile + (key - key0) * Tr::kRowStride;
               return [v](int dim) { return to_f32(v[dim]); };
