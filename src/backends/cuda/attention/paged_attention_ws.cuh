@@ -485,9 +485,12 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   // last stage, consumer 1 merges it into its own and releases that stage. kMergePasses = 2 (D =
   // 256): O in two halves, m and l with the first; a barrier between passes frees the scratch.
   if (merge_tile >= 0) {
-    // consumer 0's warps are all done reading its last stage (the NaN-isolation scan reads it
-    // with generic loads) before its live warp overwrites it
-    if (wg == 0) named_barrier::sync<128>(3);
+    // Both consumers, before consumer 0 overwrites its last stage: consumer 0's warps are done
+    // reading it (the NaN-isolation scan and pv_exact read it with generic loads), and consumer
+    // 1's reads of an earlier item's merge through the same stage come first. (The stage's
+    // mbarriers and TMA refill already order the latter; compute-sanitizer racecheck does not
+    // follow that chain and sees only this barrier.)
+    named_barrier::sync<256>(1);
     RingPos mp = item_ring;
     for (int t = 0; t < merge_tile; ++t) mp.template advance<W::kStages>();
     float* scratch = reinterpret_cast<float*>(stages + mp.stage * W::kStageBytes) + (threadIdx.x & 127);
