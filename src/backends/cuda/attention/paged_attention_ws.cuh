@@ -282,10 +282,11 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       }
     };
   };
-  // Every warp scans all the chunks: a warp vote, no barrier (and a flag the compiler knows is
-  // warp-uniform, as a wgmma guarded by it must be).
+  // The warpgroup's 128 threads share the chunks and vote at its barrier (3 + wg); none to scan
+  // (a decode item's last tile: masked only past the item's keys) is no barrier.
   auto poisoned = [&](const Scan& sc) {
-    return __any_sync(0xffffffffu, any_nonfinite<kElemBytes>(sc.count, nonfinite_mask, threadIdx.x & 31, 32, chunk_of(sc)));
+    return sc.count > 0 && named_barrier::any<128>(
+        3 + wg, any_nonfinite<kElemBytes>(sc.count, nonfinite_mask, threadIdx.x & 127, 128, chunk_of(sc)));
   };
   const auto sees = [&](int e, int key) { return rows[e].sees(key); };
   // V element (tile-local key, dim) of the stage as float.
@@ -306,10 +307,19 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       return [&, v, row](int dim) { return v_value(v, row, dim); };
     });
   };
-  auto isolate = [&](int stage, int key0, bool shared) {
-    if (!tile_masked(ctx, key0, W::kKeys)) return;
+  // Whether the other consumer computes prefill tile t too (its rows see some key of it).
+  auto other_computes = [&](int t) {
+    const int other_first = 64 * (1 - wg);
+    if (other_first >= ctx.item.num_rows) return false;
+    const int other_hi = make_row_range(p, ctx, min(other_first + 63, ctx.item.num_rows - 1)).hi;
+    return tiles.base + t * W::kKeys <= other_hi;
+  };
+
+  // (Called for masked tiles only. `t`: the tile's index in the item, for other_computes.)
+  auto isolate = [&](int stage, int key0, int t) {
     const Scan sc = scan_of(stage, key0);
     if (!poisoned(sc)) return;
+    const bool shared = other_computes(t);
     if (warp_live) {
       add_nonfinite_values<D / 8>(o, sc.keys, key0, sees, [&](int key, int dim) { return v_value(sc.v, key, dim); });
     }
@@ -327,14 +337,6 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       named_barrier::sync<128>(3 + wg);
     }
   };
-  // Whether the other consumer computes prefill tile t too (its rows see some key of it).
-  auto other_computes = [&](int t) {
-    const int other_first = 64 * (1 - wg);
-    if (other_first >= ctx.item.num_rows) return false;
-    const int other_hi = make_row_range(p, ctx, min(other_first + 63, ctx.item.num_rows - 1)).hi;
-    return tiles.base + t * W::kKeys <= other_hi;
-  };
-
   // Decode items: consumer 0's last tile (its stage holds consumer 0's state for the merge).
   const int merge_tile = decode && active >= 2 ? ((active - 1) & ~1) : -1;
   const RingPos item_ring = ring;
@@ -396,8 +398,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         softmax(tiles.base, c0, c1);  // O is zero: no rescale
         pack();
       }
-      sync.wait_v_landed(ring.stage, ring.phase);
-      isolate(ring.stage, tiles.base, other_computes(0));
+      if (tile_masked(ctx, tiles.base, W::kKeys)) {
+        sync.wait_v_landed(ring.stage, ring.phase);
+        isolate(ring.stage, tiles.base, 0);
+      }
     }
     // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
     // A tile that needs no mask and no general logit transform (most tiles of a long item) runs as
@@ -452,8 +456,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       }
       pack();
       if constexpr (!kFast) {  // (the fast step's tile t + 1 is unmasked)
-        sync.wait_v_landed(nxt.stage, nxt.phase);
-        isolate(nxt.stage, tiles.base + (t + 1) * W::kKeys, other_computes(t + 1));
+        if (tile_masked(ctx, tiles.base + (t + 1) * W::kKeys, W::kKeys)) {
+          sync.wait_v_landed(nxt.stage, nxt.phase);
+          isolate(nxt.stage, tiles.base + (t + 1) * W::kKeys, t + 1);
+        }
       }
       ring = nxt;
     };

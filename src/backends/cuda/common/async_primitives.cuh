@@ -407,6 +407,17 @@ template <int kThreads>
 __device__ __forceinline__ void arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
+// bar.sync that also returns whether `pred` held in any of the kThreads threads.
+template <int kThreads>
+__device__ __forceinline__ bool any(int id, bool pred) {
+  uint32_t out;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(out)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id), "n"(kThreads)
+      : "memory");
+  return out != 0u;
+}
 }  // namespace named_barrier
 
 // Register budget of a warpgroup (every thread of it executes the call; sm_90a).

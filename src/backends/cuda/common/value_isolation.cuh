@@ -77,17 +77,32 @@ __device__ __forceinline__ uint32_t nonfinite_elements(uint32_t w, uint32_t mask
   }
 }
 
+// Running test of 16-byte chunks for a non-finite element (kElemBytes 2 or 1 each). An element is
+// non-finite when its bits under `mask` (the exponent: the bits just below the sign) are all set,
+// that is when its magnitude bits read as an integer are >= mask; adding (sign - mask) to each
+// element's magnitude then carries into its sign bit, and no element carries into the next (the
+// largest sum, 0x7FFF + 0x400 or 0x7F + 0x04, stays below the element's top). Three integer
+// operations a word, against a compare per element.
+template <int kElemBytes>
+struct NonfiniteScan {
+  static_assert(kElemBytes == 1 || kElemBytes == 2);
+  static constexpr uint32_t kSign = kElemBytes == 2 ? 0x80008000u : 0x80808080u;
+  uint32_t add;
+  uint32_t seen = 0u;
+  __device__ __forceinline__ explicit NonfiniteScan(uint32_t mask) : add(kSign - mask) {}
+  __device__ __forceinline__ void take(const uint4& v) {
+    seen |= ((v.x & ~kSign) + add) | ((v.y & ~kSign) + add) | ((v.z & ~kSign) + add) | ((v.w & ~kSign) + add);
+  }
+  __device__ __forceinline__ bool found() const { return (seen & kSign) != 0u; }
+};
+
 // Whether any of the 16-byte chunks chunk(i), i = first, first + step, .. < count, holds a
 // non-finite element (this thread's share; the caller reduces over the threads).
 template <int kElemBytes, class Chunk>
 __device__ __forceinline__ bool any_nonfinite(int count, uint32_t mask, int first, int step, Chunk chunk) {
-  bool bad = false;
-  for (int i = first; i < count; i += step) {
-    const uint4 v = *reinterpret_cast<const uint4*>(chunk(i));
-    bad |= (nonfinite_elements<kElemBytes>(v.x, mask) | nonfinite_elements<kElemBytes>(v.y, mask) |
-            nonfinite_elements<kElemBytes>(v.z, mask) | nonfinite_elements<kElemBytes>(v.w, mask)) != 0u;
-  }
-  return bad;
+  NonfiniteScan<kElemBytes> scan(mask);
+  for (int i = first; i < count; i += step) scan.take(*reinterpret_cast<const uint4*>(chunk(i)));
+  return scan.found();
 }
 
 // Zeroes the non-finite elements of the same chunks (this thread's share; chunks without one are
