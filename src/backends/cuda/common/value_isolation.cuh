@@ -23,6 +23,7 @@
 #pragma once
 
 #include "backends/cuda/common/device_primitives.cuh"
+#include "backends/cuda/common/nonfinite_scan.h"
 
 namespace pagedattn::cuda {
 
@@ -52,18 +53,8 @@ __device__ __forceinline__ PartlyVisibleKeys partly_visible_keys(int key0, int n
   return k;
 }
 
-// Exponent-all-ones masks, replicated over a 32-bit word: an element is non-finite when its bits
-// under the mask are all set (16-bit: inf and NaN; e4m3: NaN, it has no infinity; e5m2: both).
-inline constexpr uint32_t kNonFiniteBf16 = 0x7F807F80u;
-inline constexpr uint32_t kNonFiniteF16 = 0x7C007C00u;
-inline constexpr uint32_t kNonFiniteE4m3 = 0x7F7F7F7Fu;
-inline constexpr uint32_t kNonFiniteE5m2 = 0x7C7C7C7Cu;
 template <typename T>
 inline constexpr uint32_t kNonFinite16 = std::is_same_v<T, __half> ? kNonFiniteF16 : kNonFiniteBf16;
-// fp8 cache format (1: e4m3, 2: e5m2).
-__device__ __forceinline__ uint32_t nonfinite_fp8_mask(int format) {
-  return format == 2 ? kNonFiniteE5m2 : kNonFiniteE4m3;
-}
 
 // The elements of a word (kElemBytes 2 or 1 each) that have all of `mask`'s bits set, as a mask of
 // their bits (all ones per such element).
@@ -77,31 +68,18 @@ __device__ __forceinline__ uint32_t nonfinite_elements(uint32_t w, uint32_t mask
   }
 }
 
-// Running test of 16-byte chunks for a non-finite element (kElemBytes 2 or 1 each). An element is
-// non-finite when its bits under `mask` (the exponent: the bits just below the sign) are all set,
-// that is when its magnitude bits read as an integer are >= mask; adding (sign - mask) to each
-// element's magnitude then carries into its sign bit, and no element carries into the next (the
-// largest sum, 0x7FFF + 0x400 or 0x7F + 0x04, stays below the element's top). Three integer
-// operations a word, against a compare per element.
-template <int kElemBytes>
-struct NonfiniteScan {
-  static_assert(kElemBytes == 1 || kElemBytes == 2);
-  static constexpr uint32_t kSign = kElemBytes == 2 ? 0x80008000u : 0x80808080u;
-  uint32_t add;
-  uint32_t seen = 0u;
-  __device__ __forceinline__ explicit NonfiniteScan(uint32_t mask) : add(kSign - mask) {}
-  __device__ __forceinline__ void take(const uint4& v) {
-    seen |= ((v.x & ~kSign) + add) | ((v.y & ~kSign) + add) | ((v.z & ~kSign) + add) | ((v.w & ~kSign) + add);
-  }
-  __device__ __forceinline__ bool found() const { return (seen & kSign) != 0u; }
-};
-
 // Whether any of the 16-byte chunks chunk(i), i = first, first + step, .. < count, holds a
 // non-finite element (this thread's share; the caller reduces over the threads).
 template <int kElemBytes, class Chunk>
 __device__ __forceinline__ bool any_nonfinite(int count, uint32_t mask, int first, int step, Chunk chunk) {
   NonfiniteScan<kElemBytes> scan(mask);
-  for (int i = first; i < count; i += step) scan.take(*reinterpret_cast<const uint4*>(chunk(i)));
+  for (int i = first; i < count; i += step) {
+    const uint4 v = *reinterpret_cast<const uint4*>(chunk(i));
+    scan.take(v.x);
+    scan.take(v.y);
+    scan.take(v.z);
+    scan.take(v.w);
+  }
   return scan.found();
 }
 
