@@ -1,7 +1,7 @@
 // The NaN isolation's non-finite test (src/backends/cuda/common/nonfinite_scan.h), checked on the
 // host for every element value of every cache format the kernels scan, in every lane of a word,
-// beside finite and non-finite neighbours: it must flag a word exactly when one of its elements is
-// inf or NaN as the format decodes it.
+// beside finite neighbours: it must flag a word exactly when one of its elements is inf or NaN as
+// the format decodes it, and name exactly that element.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -49,12 +49,18 @@ void check_format(const char* name, uint32_t mask, bool (*nonfinite)(uint32_t)) 
           ADD_FAILURE() << name << ": element 0x" << std::hex << e << " in lane " << std::dec << lane << " (word 0x"
                         << std::hex << w << "): scan says " << scan.found();
         }
+        // elements(): all ones over exactly the non-finite element (the neighbours are finite).
+        const uint32_t want = nonfinite(e) ? kElemMask << (lane * kBits) : 0u;
+        if (scan.elements(w) != want && ++errors <= 5) {
+          ADD_FAILURE() << name << ": element 0x" << std::hex << e << " in lane " << std::dec << lane << " (word 0x"
+                        << std::hex << w << "): elements 0x" << scan.elements(w) << ", want 0x" << want;
+        }
       }
     }
     // Running over several words: a non-finite element in an earlier word stays found.
     cuda::NonfiniteScan<kElemBytes> scan(mask);
     scan.take(bad);
-    scan.take(e * 0x01010101u & 0xFFFFFFFFu);
+    scan.take(e * 0x01010101u);
     EXPECT_TRUE(scan.found()) << name;
   }
   EXPECT_EQ(errors, 0) << name;

@@ -315,15 +315,19 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     return tiles.base + t * W::kKeys <= other_hi;
   };
 
-  // (Called for masked tiles only. `t`: the tile's index in the item, for other_computes.)
-  auto isolate = [&](int stage, int key0, int t) {
-    const Scan sc = scan_of(stage, key0);
+  // Tile t of the item (its K/V in stage `at`), after its softmax: nothing unless it is masked
+  // (then its V is waited for and scanned).
+  auto isolate = [&](const RingPos& at, int t) {
+    const int key0 = tiles.base + t * W::kKeys;
+    if (!tile_masked(ctx, key0, W::kKeys)) return;
+    sync.wait_v_landed(at.stage, at.phase);
+    const Scan sc = scan_of(at.stage, key0);
     if (!poisoned(sc)) return;
     const bool shared = other_computes(t);
     if (warp_live) {
       add_nonfinite_values<D / 8>(o, sc.keys, key0, sees, [&](int key, int dim) { return v_value(sc.v, key, dim); });
     }
-    // every warp (both consumers when shared) has scanned and read the values
+    // every warp (both consumers when shared) has read the values
     if (shared) {
       named_barrier::sync<256>(5);
     } else {
@@ -398,10 +402,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         softmax(tiles.base, c0, c1);  // O is zero: no rescale
         pack();
       }
-      if (tile_masked(ctx, tiles.base, W::kKeys)) {
-        sync.wait_v_landed(ring.stage, ring.phase);
-        isolate(ring.stage, tiles.base, 0);
-      }
+      isolate(ring, 0);
     }
     // Steady state: S_{t+1} and P_t . V_t in flight together, the softmax of S_{t+1} under P_t . V_t.
     // A tile that needs no mask and no general logit transform (most tiles of a long item) runs as
@@ -455,12 +456,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
         rescale_o(o, c0, c1);
       }
       pack();
-      if constexpr (!kFast) {  // (the fast step's tile t + 1 is unmasked)
-        if (tile_masked(ctx, tiles.base + (t + 1) * W::kKeys, W::kKeys)) {
-          sync.wait_v_landed(nxt.stage, nxt.phase);
-          isolate(nxt.stage, tiles.base + (t + 1) * W::kKeys, t + 1);
-        }
-      }
+      if constexpr (!kFast) isolate(nxt, t + 1);  // (the fast step's tile t + 1 is unmasked)
       ring = nxt;
     };
   #pragma unroll 1

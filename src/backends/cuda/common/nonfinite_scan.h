@@ -30,7 +30,8 @@ PAGEDATTN_NONFINITE_FN uint32_t nonfinite_fp8_mask(int format) {
   return format == 2 ? kNonFiniteE5m2 : kNonFiniteE4m3;
 }
 
-// Running test of words of packed elements (kElemBytes 2 or 1 each) for a non-finite element.
+// Running test of words of packed elements (kElemBytes 2 or 1 each) for a non-finite element, and
+// which elements of a word are non-finite (the zeroing of the exact path).
 template <int kElemBytes>
 struct NonfiniteScan {
   static_assert(kElemBytes == 1 || kElemBytes == 2);
@@ -38,8 +39,15 @@ struct NonfiniteScan {
   uint32_t add;
   uint32_t seen = 0u;
   PAGEDATTN_NONFINITE_FN explicit NonfiniteScan(uint32_t mask) : add(kSign - mask) {}
-  PAGEDATTN_NONFINITE_FN void take(uint32_t w) { seen |= (w & ~kSign) + add; }
+  // Each element's sign bit set exactly when the element is non-finite (the other bits: noise).
+  PAGEDATTN_NONFINITE_FN uint32_t carried(uint32_t w) const { return (w & ~kSign) + add; }
+  PAGEDATTN_NONFINITE_FN void take(uint32_t w) { seen |= carried(w); }
   PAGEDATTN_NONFINITE_FN bool found() const { return (seen & kSign) != 0u; }
+  // The non-finite elements of w as a mask of their bits (all ones per such element): each sign
+  // flag moved to its element's lowest bit, times an element of ones (no carry between elements).
+  PAGEDATTN_NONFINITE_FN uint32_t elements(uint32_t w) const {
+    return ((carried(w) & kSign) >> (8 * kElemBytes - 1)) * ((1u << (8 * kElemBytes)) - 1u);
+  }
 };
 
 }  // namespace pagedattn::cuda

@@ -56,18 +56,6 @@ __device__ __forceinline__ PartlyVisibleKeys partly_visible_keys(int key0, int n
 template <typename T>
 inline constexpr uint32_t kNonFinite16 = std::is_same_v<T, __half> ? kNonFiniteF16 : kNonFiniteBf16;
 
-// The elements of a word (kElemBytes 2 or 1 each) that have all of `mask`'s bits set, as a mask of
-// their bits (all ones per such element).
-template <int kElemBytes>
-__device__ __forceinline__ uint32_t nonfinite_elements(uint32_t w, uint32_t mask) {
-  static_assert(kElemBytes == 1 || kElemBytes == 2);
-  if constexpr (kElemBytes == 2) {
-    return __vcmpeq2(w & mask, mask);
-  } else {
-    return __vcmpeq4(w & mask, mask);
-  }
-}
-
 // Whether any of the 16-byte chunks chunk(i), i = first, first + step, .. < count, holds a
 // non-finite element (this thread's share; the caller reduces over the threads).
 template <int kElemBytes, class Chunk>
@@ -87,11 +75,11 @@ __device__ __forceinline__ bool any_nonfinite(int count, uint32_t mask, int firs
 // not written).
 template <int kElemBytes, class Chunk>
 __device__ __forceinline__ void zero_nonfinite(int count, uint32_t mask, int first, int step, Chunk chunk) {
+  const NonfiniteScan<kElemBytes> scan(mask);
   for (int i = first; i < count; i += step) {
     uint4* c = reinterpret_cast<uint4*>(chunk(i));
     const uint4 v = *c;
-    const uint4 bad = make_uint4(nonfinite_elements<kElemBytes>(v.x, mask), nonfinite_elements<kElemBytes>(v.y, mask),
-                                 nonfinite_elements<kElemBytes>(v.z, mask), nonfinite_elements<kElemBytes>(v.w, mask));
+    const uint4 bad = make_uint4(scan.elements(v.x), scan.elements(v.y), scan.elements(v.z), scan.elements(v.w));
     if ((bad.x | bad.y | bad.z | bad.w) != 0u) *c = make_uint4(v.x & ~bad.x, v.y & ~bad.y, v.z & ~bad.z, v.w & ~bad.w);
   }
 }
