@@ -282,11 +282,18 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       }
     };
   };
-  // The warpgroup's 128 threads share the chunks and vote at its barrier (3 + wg); none to scan
-  // (a decode item's last tile: masked only past the item's keys) is no barrier.
+  // Prefill: the warpgroup's 128 threads share the chunks and vote at its barrier (3 + wg); none
+  // to scan is no barrier.
   auto poisoned = [&](const Scan& sc) {
     return sc.count > 0 && named_barrier::any<128>(
         3 + wg, any_nonfinite<kElemBytes>(sc.count, nonfinite_mask, threadIdx.x & 127, 128, chunk_of(sc)));
+  };
+  // Decode items (a few partly visible keys: the speculative rows' diagonal): every warp scans all
+  // the chunks and votes alone. A warpgroup barrier here, which only the tile's consumer executes,
+  // made compute-sanitizer racecheck report hazards on the decode merge's accesses at D = 256,
+  // which barrier 1 orders (docs/perf/cuda.md, session 23).
+  auto poisoned_warp = [&](const Scan& sc) {
+    return __any_sync(0xffffffffu, any_nonfinite<kElemBytes>(sc.count, nonfinite_mask, lane, 32, chunk_of(sc)));
   };
   const auto sees = [&](int e, int key) { return rows[e].sees(key); };
   // V element (tile-local key, dim) of the stage as float.
@@ -378,7 +385,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       }
       sync.wait_v(ring.stage, ring.phase);
       const int key0 = tiles.base + t * W::kKeys;
-      if (tile_masked(ctx, key0, W::kKeys) && poisoned(scan_of(ring.stage, key0))) {  // (speculative rows: the diagonal)
+      if (tile_masked(ctx, key0, W::kKeys) && poisoned_warp(scan_of(ring.stage, key0))) {
         pv_exact(ring.stage, key0);
       } else {
         pv_now(ring.stage);
