@@ -1,15 +1,17 @@
 // The direct decode kernels of the CPU backend (cpu_decode_direct.h: head-fused decode items
-// computed on the cache rows in place; cpu_decode_avx512.h over bf16 and fp8 caches,
-// cpu_decode_avx2.h over bf16, f16 and fp8 caches) against the REFERENCE (fp64) on fresh
+// computed on the cache rows in place; cpu_decode_avx512.h, bf16 dot products over bf16 and fp8
+// caches; cpu_decode_avx512_fma.h and cpu_decode_avx2.h, f32 FMA over bf16, f16 and fp8 caches;
+// the avx512 and amx paths run in both forms, PAGEDATTN_CPU_DECODE_KERNEL=dot / fma) against the
+// REFERENCE (fp64) on fresh
 // random inputs: GQA groups 1..8 (register blocks of 1..4 rows and several blocks per head), head
 // sizes 32..256, block sizes 16/32/64, NHD and HND, contexts that end inside a page,
 // 1-3 query tokens per request (and speculative decodes of 2, 4 and 8), sinks, soft-cap, ALiBi, sliding and symmetric windows, the LSE,
 // logits scaled up so that the running max jumps by more than the lazy-rescale slack, 1 and 2
 // threads. Every case checks that the path actually ran (direct_decode_items_run) and that the
 // tile kernel (PAGEDATTN_CPU_DECODE_KERNEL=tile) gives the same answer within tolerance; the
-// items a kernel does not apply to (AVX-512: f16 caches, f16/f32 activations over a bf16 cache;
-// both: f32 caches, blocks of 8/24, D != Dv) are checked to stay on the tile kernel. Both kernels
-// also run the other cache dtypes they read (fp8 e4m3 with its NaN code, fp8 e5m2; AVX2: f16).
+// items no kernel applies to (f32 caches, blocks of 8/24, D != Dv) are checked to stay on the
+// tile kernel. Every path also runs the other cache dtypes (fp8 e4m3 with its NaN code, fp8 e5m2,
+// f16; on the dot form the f16 cache and f32 activations take the FMA kernel).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,27 +34,38 @@ using conformance::ConformanceResult;
 
 using conformance::EnvGuard;
 
-// The kernel tables the direct decode kernels live in: avx2 and avx512f (the AVX2 kernel), avx512,
-// amx (where AMX runs) and the AMX kernels with an emulated tile unit (wherever avx512 runs).
+// The kernel tables the direct decode kernels live in: avx2 (the AVX2 kernel), avx512f (the
+// AVX-512 FMA kernel; the AVX2 one where D is not a multiple of 32), avx512, amx (where AMX runs)
+// and the AMX kernels with an emulated tile unit (wherever avx512 runs).
 enum class Path { avx2, avx512f, avx512, amx, amx_emulated };
 
-// The paths whose direct kernel is the AVX2 one (cpu_decode_avx2.h: every cache dtype it reads).
-bool avx2_kernel(Path path) { return path == Path::avx2 || path == Path::avx512f; }
+// A path, and the decode kernel choice its direct runs take: auto, or on the avx512 and amx paths
+// each form (dot: bf16 dot products; fma: f32 FMA).
+struct PathForm {
+  Path path;
+  DecodeKernel form;
+};
 
-std::string path_name(const ::testing::TestParamInfo<Path>& info) {
-  switch (info.param) {
-    case Path::avx2: return "avx2";
-    case Path::avx512f: return "avx512f";
-    case Path::avx512: return "avx512";
-    case Path::amx: return "amx";
-    default: return "amx_emulated";
+std::string path_name(const ::testing::TestParamInfo<PathForm>& info) {
+  std::string name;
+  switch (info.param.path) {
+    case Path::avx2: name = "avx2"; break;
+    case Path::avx512f: name = "avx512f"; break;
+    case Path::avx512: name = "avx512"; break;
+    case Path::amx: name = "amx"; break;
+    default: name = "amx_emulated"; break;
+  }
+  switch (info.param.form) {
+    case DecodeKernel::fma: return name + "_fma";
+    case DecodeKernel::dot: return name + "_dot";
+    default: return name;
   }
 }
 
-class CpuDirectDecode : public ::testing::TestWithParam<Path> {
+class CpuDirectDecode : public ::testing::TestWithParam<PathForm> {
  protected:
   void SetUp() override {
-    switch (GetParam()) {
+    switch (GetParam().path) {
       case Path::avx2:
         if (!isa_supported(Isa::avx2)) GTEST_SKIP() << "avx2 is not available here";
         set_isa_override(Isa::avx2);
@@ -120,13 +133,12 @@ class CpuDirectDecode : public ::testing::TestWithParam<Path> {
     return holder;
   }
 
-  // The case on the direct kernel (every fused item must take it) and on the tile kernel (none
-  // may), both against the REFERENCE.
-  static void expect_direct_matches(const ConformanceCase& c, uint64_t seed,
-                                    float logit_boost = 1.f,
-                                    std::optional<bool> causal = std::nullopt) {
+  // The case on the direct kernel (the path's form; every fused item must take it) and on the
+  // tile kernel (none may), both against the REFERENCE.
+  void expect_direct_matches(const ConformanceCase& c, uint64_t seed, float logit_boost = 1.f,
+                             std::optional<bool> causal = std::nullopt) const {
     const CaseInputsHolder holder = prepare(c, seed, logit_boost, causal);
-    const Outcome direct = run(holder, DecodeKernel::automatic);
+    const Outcome direct = run(holder, GetParam().form);
     EXPECT_GT(direct.fused_items, 0) << c.describe() << ": the plan fused no decode";
     EXPECT_EQ(direct.direct_items, static_cast<uint64_t>(direct.fused_items))
         << c.describe() << ": every head-fused item should run the direct decode kernel";
@@ -137,9 +149,9 @@ class CpuDirectDecode : public ::testing::TestWithParam<Path> {
   }
 
   // The case must stay on the tile kernel (and still match).
-  static void expect_tile_only(const ConformanceCase& c, uint64_t seed) {
+  void expect_tile_only(const ConformanceCase& c, uint64_t seed) const {
     const CaseInputsHolder holder = prepare(c, seed);
-    const Outcome outcome = run(holder, DecodeKernel::automatic);
+    const Outcome outcome = run(holder, GetParam().form);
     EXPECT_GT(outcome.fused_items, 0) << c.describe();
     EXPECT_EQ(outcome.direct_items, 0u) << c.describe() << ": not a direct decode case";
     EXPECT_TRUE(outcome.result.passed()) << outcome.result.describe();
@@ -147,8 +159,14 @@ class CpuDirectDecode : public ::testing::TestWithParam<Path> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Paths, CpuDirectDecode,
-                         ::testing::Values(Path::avx2, Path::avx512f, Path::avx512, Path::amx,
-                                           Path::amx_emulated),
+                         ::testing::Values(PathForm{Path::avx2, DecodeKernel::automatic},
+                                           PathForm{Path::avx512f, DecodeKernel::automatic},
+                                           PathForm{Path::avx512, DecodeKernel::dot},
+                                           PathForm{Path::avx512, DecodeKernel::fma},
+                                           PathForm{Path::amx, DecodeKernel::dot},
+                                           PathForm{Path::amx, DecodeKernel::fma},
+                                           PathForm{Path::amx_emulated, DecodeKernel::dot},
+                                           PathForm{Path::amx_emulated, DecodeKernel::fma}),
                          path_name);
 
 // Llama-3-8B's shape (32 q / 8 kv heads, D 128) over contexts that end anywhere in a page.
@@ -262,8 +280,8 @@ TEST_P(CpuDirectDecode, LargeLogitJumpsRescale) {
   expect_direct_matches(c, 502, 10.f);
 }
 
-// What a kernel does not take: f32 caches, block sizes that are not multiples of 16, D != Dv, and
-// on the AVX-512 paths also f16 caches (f16 activations). Those fused items run the tile kernel.
+// What no direct kernel takes: f32 caches, block sizes that are not multiples of 16, D != Dv.
+// Those fused items run the tile kernel.
 TEST_P(CpuDirectDecode, OtherCachesAndBlockSizesStayOnTheTileKernel) {
   const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
   ConformanceCase c;
@@ -272,10 +290,6 @@ TEST_P(CpuDirectDecode, OtherCachesAndBlockSizesStayOnTheTileKernel) {
   c.num_heads = 8;
   c.num_kv_heads = 2;
   c.batch = {{100, 1}, {37, 1}, {64, 1}};
-  if (!avx2_kernel(GetParam())) {
-    c.dtype = DType::f16;
-    expect_tile_only(c, 602);
-  }
   c.dtype = DType::f32;
   expect_tile_only(c, 603);
   c.dtype = DType::bf16;
@@ -288,9 +302,9 @@ TEST_P(CpuDirectDecode, OtherCachesAndBlockSizesStayOnTheTileKernel) {
   expect_tile_only(c, 606);
 }
 
-// The kernels' other caches: fp8 e4m3 and e5m2 (bf16 and f32 activations, per-tensor and
-// per-head scales), with windows, sinks and soft-cap, both layouts; the AVX2 kernel also f16 (f16
-// activations).
+// The kernels' other caches: f16 (f16 activations), fp8 e4m3 and e5m2 (bf16 and f32 activations,
+// per-tensor and per-head scales), with windows, sinks and soft-cap, both layouts, D 128 and a
+// head size that is not a multiple of 32 where a path has a kernel for it (80: the AVX2 kernel).
 TEST_P(CpuDirectDecode, ReadsEveryCacheDtype) {
   const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
   ConformanceCase c;
@@ -300,10 +314,8 @@ TEST_P(CpuDirectDecode, ReadsEveryCacheDtype) {
   c.return_lse = true;
   c.distribution = conformance::Distribution::normal;
   c.batch = {{700, 1}, {45, 1}, {256, 2}, {0, 1}, {130, 1}};
-  if (avx2_kernel(GetParam())) {
-    c.dtype = DType::f16;
-    expect_direct_matches(c, 701);
-  }
+  c.dtype = DType::f16;
+  expect_direct_matches(c, 701);
   c.dtype = DType::bf16;
   c.kv_cache_dtype = "fp8_e4m3";
   expect_direct_matches(c, 702);
@@ -316,13 +328,19 @@ TEST_P(CpuDirectDecode, ReadsEveryCacheDtype) {
   c.soft_cap = 5.f;
   expect_direct_matches(c, 704);
   c.dtype = DType::f32;
-  c.head_size = avx2_kernel(GetParam()) ? 80 : 96;  // AVX-512: D a multiple of 32 (a 32-dim tail)
+  // The AVX-512 kernels: D a multiple of 32 (96: a 32-dim tail); avx512f takes D 80 to the AVX2 one.
+  const bool avx2_kernel_path = GetParam().path == Path::avx2 || GetParam().path == Path::avx512f;
+  c.head_size = avx2_kernel_path ? 80 : 96;
   expect_direct_matches(c, 705, 20.f);
+  if (GetParam().path == Path::avx512f) {
+    c.head_size = 96;  // and D 96 to the AVX-512 FMA kernel
+    expect_direct_matches(c, 706, 20.f);
+  }
 }
 
-// The e4m3 NaN code S.1111.111 in a visible V row reaches the output as NaN (the AVX2 kernel's
-// fast widening would read it as a finite value, the chunk's check switches to the exact one; the
-// AVX-512 kernel's widening takes it from its table), in the same rows and dims as the tile
+// The e4m3 NaN code S.1111.111 in a visible V row reaches the output as NaN (the FMA kernels' fast
+// widening would read it as a finite value, the chunk's check switches to the exact one; the
+// AVX-512 dot kernel's widening takes it from its table), in the same rows and dims as the tile
 // kernel: request 0's rows of KV head 1, dim 5 only. More codes: test_cpu_fp8_nan_codes.cpp.
 TEST_P(CpuDirectDecode, E4m3NanCodeReachesTheOutput) {
   const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
@@ -334,7 +352,7 @@ TEST_P(CpuDirectDecode, E4m3NanCodeReachesTheOutput) {
   c.num_kv_heads = 2;
   c.batch = {{100, 1}, {50, 1}};
   const conformance::CaseInputs inputs = conformance::make_inputs(c, 801);
-  for (DecodeKernel kernel : {DecodeKernel::automatic, DecodeKernel::tile}) {
+  for (DecodeKernel kernel : {GetParam().form, DecodeKernel::tile}) {
     set_decode_kernel_override(kernel);
     conformance::PreparedRun run = conformance::prepare_run(cpu_backend(), Device::cpu, inputs);
     const TensorView cache = run.kv_cache.view();  // (2, blocks, block_size, Hkv, D)
@@ -345,7 +363,7 @@ TEST_P(CpuDirectDecode, E4m3NanCodeReachesTheOutput) {
     static_cast<uint8_t*>(run.kv_cache.data())[at] = 0x7F;
     const uint64_t before = direct_decode_items_run();
     conformance::execute(run);
-    EXPECT_EQ(direct_decode_items_run() - before, kernel == DecodeKernel::automatic ? 2u : 0u);
+    EXPECT_EQ(direct_decode_items_run() - before, kernel == DecodeKernel::tile ? 0u : 2u);
     for (int token = 0; token < 2; ++token) {
       for (int h = 0; h < 8; ++h) {
         for (int d = 0; d < 64; ++d) {
@@ -363,7 +381,9 @@ TEST_P(CpuDirectDecode, E4m3NanCodeReachesTheOutput) {
 TEST(CpuDecodeKernel, ParsesChoicesAndRejectsUnknownNames) {
   EXPECT_EQ(parse_decode_kernel("auto", "x"), DecodeKernel::automatic);
   EXPECT_EQ(parse_decode_kernel("tile", "x"), DecodeKernel::tile);
-  for (const char* bad : {"direct", "Tile", ""}) {
+  EXPECT_EQ(parse_decode_kernel("fma", "x"), DecodeKernel::fma);
+  EXPECT_EQ(parse_decode_kernel("dot", "x"), DecodeKernel::dot);
+  for (const char* bad : {"direct", "Tile", "FMA", ""}) {
     try {
       parse_decode_kernel(bad, "PAGEDATTN_CPU_DECODE_KERNEL");
       FAIL() << bad << " is not a choice";

@@ -210,23 +210,27 @@ TEST_P(CpuDecodeNanLogits, NanLogitRowsAreNanAsReference) {
 
         const Outcome reference =
             run_case(conformance::reference(), inputs, s.spots, DecodeKernel::tile);
-        const Outcome direct = run_case(cpu_backend(), inputs, s.spots, DecodeKernel::automatic);
+        // The direct kernel, on every path but scalar and every cache here: the avx512 and amx
+        // paths in both forms (bf16 dot products; f32 FMA, which also takes their f16 caches).
+        const bool both_forms = isa == Isa::avx512 || isa == Isa::amx;
+        const Outcome direct =
+            run_case(cpu_backend(), inputs, s.spots, both_forms ? DecodeKernel::dot : DecodeKernel::automatic);
+        const Outcome direct_fma =
+            both_forms ? run_case(cpu_backend(), inputs, s.spots, DecodeKernel::fma) : direct;
         const Outcome tile = run_case(cpu_backend(), inputs, s.spots, DecodeKernel::tile);
         clear_decode_kernel_override();
 
-        // The direct kernel: AVX2 (avx2, avx512f paths) on every cache here; AVX-512 BF16
-        // (avx512, amx paths) on bf16 and fp8 caches (f16 caches take the tile kernel there).
-        const bool avx2_direct = isa == Isa::avx2 || isa == Isa::avx512f;
-        const bool avx512_direct = (isa == Isa::avx512 || isa == Isa::amx) && cc.cache != DType::f16;
-        EXPECT_EQ(direct.fused_items, reqs) << what << ": every decode should be head-fused";
-        EXPECT_EQ(direct.direct_items, avx2_direct || avx512_direct ? uint64_t(reqs) : 0u) << what;
+        for (const Outcome* o : {&direct, &direct_fma}) {
+          EXPECT_EQ(o->fused_items, reqs) << what << ": every decode should be head-fused";
+          EXPECT_EQ(o->direct_items, isa != Isa::scalar ? uint64_t(reqs) : 0u) << what;
+        }
         EXPECT_EQ(tile.direct_items, 0u) << what;
 
         const double tol = cc.cache == DType::fp8_e4m3 ? 0.03 : 0.02;
         const struct {
           const char* name;
           const Outcome& o;
-        } runs[] = {{"direct", direct}, {"tile", tile}, {"REFERENCE", reference}};
+        } runs[] = {{"direct", direct}, {"direct fma", direct_fma}, {"tile", tile}, {"REFERENCE", reference}};
         for (const auto& run : runs) {
           for (int t = 0; t < tokens; ++t) {  // one failure line per request
             int bad_rows = 0;

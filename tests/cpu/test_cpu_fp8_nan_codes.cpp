@@ -1,15 +1,16 @@
 // The fp8 e4m3 NaN code (S.1111.111, 0x7F / 0xFF) in the K and V rows a decode reads, on every CPU
 // kernel path this machine runs (cpu_kernel_paths.h): the direct decode kernels widen e4m3 with
-// fast bit tricks (cpu_decode_avx2.h: a check and a NaN-exact recompute; cpu_decode_avx512.h: a
-// table for the codes the shift cannot give), and must give NaN exactly where the tile kernel
-// does. Head sizes 128 and 64, 8 query heads per KV head (two register blocks of 4 rows), 1- and
-// 2-token decodes (a code in the second token's own K or V row is seen by that token's rows only),
+// fast bit tricks (cpu_decode_avx2.h and cpu_decode_avx512_fma.h: a check and a NaN-exact
+// recompute; cpu_decode_avx512.h: a table for the codes the shift cannot give), and must give NaN exactly where the tile kernel
+// does. Head sizes 128 and 64, 6 query heads per KV head (register blocks of 4 rows: a 2-token
+// decode's middle block holds rows of both tokens), 1- and 2-token decodes (a code in the second
+// token's own K or V row is seen by that token's rows only: a ragged key of that middle block),
 // codes in visible keys and in the masked slots past a request's end. A V code gives NaN in its
 // dim of the rows that see its key, nothing else; a K code a NaN logit, so NaN in every dim of those
 // rows (as REFERENCE: e^{NaN - m} is NaN; the CPU softmaxes used to give such a key weight 0 or
 // the whole row NaN depending on where the NaN fell in their max reductions); codes past the end:
-// no effect. Each case runs with the direct kernel (PAGEDATTN_CPU_DECODE_KERNEL=auto; every
-// head-fused item must take it where the path has one), the tile kernel and REFERENCE: all three
+// no effect. Each case runs with the direct kernel (PAGEDATTN_CPU_DECODE_KERNEL=auto, or dot and
+// fma on the avx512 and amx paths; every head-fused item must take it where the path has one), the tile kernel and REFERENCE: all three
 // must give NaN in exactly the expected elements, and the direct and tile kernels' other elements
 // must agree within bf16 tolerance.
 #include <gtest/gtest.h>
@@ -30,7 +31,7 @@ namespace {
 
 using conformance::EnvGuard;
 
-constexpr int kHeads = 16, kKvHeads = 2, kGroup = kHeads / kKvHeads;
+constexpr int kHeads = 12, kKvHeads = 2, kGroup = kHeads / kKvHeads;
 
 // One NaN code: in request `req`'s key `key`, KV head `head`, dim `dim`, of K (value = false) or V.
 // `new_token` >= 0: the key is that query token's own (written by the step from the key / value
@@ -144,30 +145,41 @@ TEST_P(CpuFp8NanCodes, DirectKernelGivesNanWhereTheTileKernelDoes) {
         }
       }
     }
-    const Outcome direct = run_case(cpu_backend(), inputs, codes, DecodeKernel::automatic);
     const Outcome tile = run_case(cpu_backend(), inputs, codes, DecodeKernel::tile);
     const Outcome reference = run_case(conformance::reference(), inputs, codes, DecodeKernel::tile);
-    clear_decode_kernel_override();
-    EXPECT_EQ(direct.fused_items, 5) << "D " << d << ": every decode should be head-fused";
-    EXPECT_EQ(direct.direct_items, has_direct ? 5u : 0u) << "D " << d;
     EXPECT_EQ(tile.direct_items, 0u) << "D " << d;
-    int wrong = 0;
-    for (size_t i = 0; i < expect_nan.size() && wrong < 10; ++i) {
-      const std::string where = "D " + std::to_string(d) + " token " +
-                                std::to_string(i / (kHeads * d)) + " head " +
-                                std::to_string(i / d % kHeads) + " dim " + std::to_string(i % d);
-      const bool nan_direct = std::isnan(direct.out[i]), nan_tile = std::isnan(tile.out[i]);
-      const bool nan_reference = std::isnan(reference.out[i]);
-      if (nan_direct != static_cast<bool>(expect_nan[i]) || nan_tile != nan_direct ||
-          nan_reference != nan_direct) {
-        ADD_FAILURE() << where << ": NaN expected " << static_cast<int>(expect_nan[i])
-                      << ", direct " << direct.out[i] << ", tile " << tile.out[i]
-                      << ", REFERENCE " << reference.out[i];
-        ++wrong;
-      } else if (!nan_direct &&
-                 !(std::abs(direct.out[i] - tile.out[i]) <= 0.02f + 0.02f * std::abs(tile.out[i]))) {
-        ADD_FAILURE() << where << ": direct " << direct.out[i] << ", tile " << tile.out[i];
-        ++wrong;
+    // The avx512 and amx paths' direct kernel in both forms (bf16 dot products, f32 FMA).
+    const bool both_forms =
+        GetParam().emulated_amx || GetParam().isa == Isa::avx512 || GetParam().isa == Isa::amx;
+    const std::vector<DecodeKernel> forms =
+        both_forms ? std::vector<DecodeKernel>{DecodeKernel::dot, DecodeKernel::fma}
+                   : std::vector<DecodeKernel>{DecodeKernel::automatic};
+    for (DecodeKernel form : forms) {
+      const Outcome direct = run_case(cpu_backend(), inputs, codes, form);
+      clear_decode_kernel_override();
+      EXPECT_EQ(direct.fused_items, 5) << "D " << d << ": every decode should be head-fused";
+      EXPECT_EQ(direct.direct_items, has_direct ? 5u : 0u) << "D " << d;
+      int wrong = 0;
+      for (size_t i = 0; i < expect_nan.size() && wrong < 10; ++i) {
+        const std::string where = std::string(form == DecodeKernel::fma   ? "fma "
+                                              : form == DecodeKernel::dot ? "dot "
+                                                                          : "") +
+                                  "D " + std::to_string(d) + " token " +
+                                  std::to_string(i / (kHeads * d)) + " head " +
+                                  std::to_string(i / d % kHeads) + " dim " + std::to_string(i % d);
+        const bool nan_direct = std::isnan(direct.out[i]), nan_tile = std::isnan(tile.out[i]);
+        const bool nan_reference = std::isnan(reference.out[i]);
+        if (nan_direct != static_cast<bool>(expect_nan[i]) || nan_tile != nan_direct ||
+            nan_reference != nan_direct) {
+          ADD_FAILURE() << where << ": NaN expected " << static_cast<int>(expect_nan[i])
+                        << ", direct " << direct.out[i] << ", tile " << tile.out[i]
+                        << ", REFERENCE " << reference.out[i];
+          ++wrong;
+        } else if (!nan_direct &&
+                   !(std::abs(direct.out[i] - tile.out[i]) <= 0.02f + 0.02f * std::abs(tile.out[i]))) {
+          ADD_FAILURE() << where << ": direct " << direct.out[i] << ", tile " << tile.out[i];
+          ++wrong;
+        }
       }
     }
   }

@@ -14,6 +14,19 @@
 
 #include "cpu_attention_tile.h"
 
+// GCC 12's avx512fintrin.h starts unpack / shuffle / permute / min / max from `__m512 __Y = __Y`
+// (undefined); once those are inlined into a header's templates it reports a false
+// -Wuninitialized there. The AVX-512 decode kernel headers open their code with
+// PAGEDATTN_AVX512_HEADER_BEGIN and close it with PAGEDATTN_AVX512_HEADER_END.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+#define PAGEDATTN_AVX512_HEADER_BEGIN \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")
+#define PAGEDATTN_AVX512_HEADER_END _Pragma("GCC diagnostic pop")
+#else
+#define PAGEDATTN_AVX512_HEADER_BEGIN
+#define PAGEDATTN_AVX512_HEADER_END
+#endif
+
 namespace pagedattn::cpu {
 namespace {
 

@@ -401,7 +401,9 @@ void CpuAttentionImpl::forward(const LayerScales& scales, const TensorView& quer
   args.window_symmetric = !md.causal;
   const bool bf16_operands = params_.dtype == DType::bf16 || is_fp8(kv.dtype);
   args.precision = kernels.has_bf16_dot && bf16_operands ? Precision::bf16_dot : Precision::f32;
-  args.direct_decode = decode_kernel() == DecodeKernel::automatic;
+  const DecodeKernel decode = decode_kernel();
+  args.direct_decode = decode != DecodeKernel::tile;
+  args.direct_fma = decode == DecodeKernel::fma || (decode == DecodeKernel::automatic && direct_decode_prefers_fma());
   args.query_start_loc = md.query_start_loc.data();
   args.seq_lens = md.seq_lens.data();
   args.first_query_pos = md.first_query_pos.data();

@@ -354,6 +354,70 @@ __attribute__((always_inline)) inline void avx2_pv(float* o, int dv, const float
   }
 }
 
+// The rows [row0, row0 + rows) of one KV head over a chunk, for the f32 FMA kernels (DirectAvx2
+// here, DirectAvx512Fma in cpu_decode_avx512_fma.h), in register blocks of up to kDirectRowBlock
+// rows: K::qk (Q·Kᵀ into K::Logits<R>; the head's prefetches with the first block), then
+// K::softmax_pv (the online softmax, O rescaled when it says so, O += P·V). Returns false, having
+// changed nothing but scratch, when kCheckNan and one of the chunk's live K or V rows holds the
+// e4m3 NaN code: checked after the first block's Q·Kᵀ, before anything but scratch is written
+// (the K rows are in L1, just read, and the V rows on their way, prefetched by the loop, so the
+// check costs no wait of its own for K, where a pass ahead of Q·Kᵀ took the misses of both).
+template <class K, DType DT, bool kNanSafe, bool kFull, bool kCheckNan = false>
+inline bool fma_rows_of(const ItemContext& c, float* lsum, float* red, int row0, int rows,
+                        const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
+                        int live, const DirectPrefetch& pf) {
+  const int d = c.head_size;
+  bool nan_code = false;
+  for (int rb = 0; rb < rows && !nan_code; rb += kDirectRowBlock) {
+    const int i = row0 + rb;
+    with_static_int<kDirectRowBlock>(imin(kDirectRowBlock, rows - rb), [&](auto rr) {
+      constexpr int R = decltype(rr)::value;
+      typename K::template Logits<R> logits;
+      K::template qk<DT, kNanSafe, R, kFull>(static_cast<const float*>(c.q) + static_cast<size_t>(i) * d,
+                                              d, k, k_stride, live, red, logits,
+                                              rb == 0 ? &pf : nullptr);  // prefetch once per head
+      if constexpr (kCheckNan) {
+        if (rb == 0 && e4m3_rows_have_nan(k, k_stride, v, v_stride, live, d)) {
+          nan_code = true;
+          return;
+        }
+      }
+      K::template softmax_pv<DT, kNanSafe, R, kFull>(c, lsum, i, logits, v, v_stride, t0, live);
+    });
+  }
+  return !nan_code;
+}
+
+// An f32 FMA kernel's head_chunk (cpu_decode_direct.h): the cache dtype's fma_rows_of; e4m3 with
+// the fast widening and its check, and again with the NaN-exact widening where the check finds
+// the NaN code.
+template <class K, bool kFull>
+inline void fma_head_chunk(const ItemContext& c, float* lsum, float* red, int row0, int rows,
+                           const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
+                           int live, const DirectPrefetch& pf) {
+  switch (c.args->kv.dtype) {
+    case DType::bf16:
+      fma_rows_of<K, DType::bf16, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride,
+                                                t0, live, pf);
+      break;
+    case DType::f16:
+      fma_rows_of<K, DType::f16, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride,
+                                               t0, live, pf);
+      break;
+    case DType::fp8_e5m2:
+      fma_rows_of<K, DType::fp8_e5m2, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v,
+                                                    v_stride, t0, live, pf);
+      break;
+    default:  // fp8_e4m3 (the kernels' applies conditions)
+      if (!fma_rows_of<K, DType::fp8_e4m3, false, kFull, true>(c, lsum, red, row0, rows, k,
+                                                               k_stride, v, v_stride, t0, live, pf)) {
+        fma_rows_of<K, DType::fp8_e4m3, true, kFull>(c, lsum, red, row0, rows, k, k_stride, v,
+                                                     v_stride, t0, live, pf);
+      }
+      break;
+  }
+}
+
 // The AVX2 kernel of the direct decode driver (cpu_decode_direct.h).
 struct DirectAvx2 {
   // Swaps the middle 128-bit quarters of each 16-float group: the bf16 widening order, and back.
@@ -393,74 +457,37 @@ struct DirectAvx2 {
     }
   }
 
-  // Returns false, having changed nothing but scratch, when kCheckNan and one of the chunk's
-  // live K or V rows holds the e4m3 NaN code (the caller then runs the NaN-safe widening).
-  template <DType DT, bool kNanSafe, bool kFull, bool kCheckNan = false>
-  static bool rows_of(const ItemContext& c, float* lsum, float* red, int row0, int rows,
-                      const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
-                      int live, const DirectPrefetch& pf) {
-    const int d = c.head_size, dv = c.head_size_v;
-    bool nan_code = false;
-    for (int rb = 0; rb < rows && !nan_code; rb += kDirectRowBlock) {
-      const int i = row0 + rb;
-      with_static_int<kDirectRowBlock>(imin(kDirectRowBlock, rows - rb), [&](auto rr) {
-        constexpr int R = decltype(rr)::value;
-        __m256 logits[R][2];
-        avx2_qk<DT, kNanSafe, R, kFull>(static_cast<const float*>(c.q) + static_cast<size_t>(i) * d,
-                                        d, k, k_stride, live, red, logits,
-                                        rb == 0 ? &pf : nullptr);  // prefetch once per head
-        if constexpr (kCheckNan) {
-          // After the first block's Q·Kᵀ, before anything but scratch is written: the K rows
-          // are in L1 (just read) and the V rows on their way (prefetched by the loop), so the
-          // check costs no wait of its own for K, where a pass ahead of Q·Kᵀ took the misses of
-          // both.
-          if (rb == 0 && e4m3_rows_have_nan(k, k_stride, v, v_stride, live, d)) {
-            nan_code = true;
-            return;
-          }
-        }
-        float* o = c.o + static_cast<size_t>(i) * dv;
-        if (avx2_direct_softmax(c, lsum, i, R, logits, t0)) {  // rare (lazy max): O *= alpha
-          for (int r = 0; r < R; ++r) {
-            const __m256 alpha = _mm256_set1_ps(c.alpha[i + r]);
-            float* row = o + static_cast<size_t>(r) * dv;
-            for (int j = 0; j < dv; j += 8)
-              _mm256_storeu_ps(row + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), alpha));
-          }
-        }
-        avx2_pv<DT, kNanSafe, R, kFull>(
-            o, dv, static_cast<const float*>(c.p) + static_cast<size_t>(i) * kDirectChunk, v,
-            v_stride, live, c.lo + i, c.hi + i, t0);
-      });
+  // The block steps of fma_rows_of (below).
+  template <int R>
+  using Logits = __m256[R][2];
+  template <DType DT, bool kNanSafe, int R, bool kFull>
+  static void qk(const float* q, int d, const char* k, int64_t k_stride, int live, float* red,
+                 Logits<R>& logits, const DirectPrefetch* pf) {
+    avx2_qk<DT, kNanSafe, R, kFull>(q, d, k, k_stride, live, red, logits, pf);
+  }
+  template <DType DT, bool kNanSafe, int R, bool kFull>
+  static void softmax_pv(const ItemContext& c, float* lsum, int i, const Logits<R>& logits,
+                         const char* v, int64_t v_stride, int t0, int live) {
+    const int dv = c.head_size_v;
+    float* o = c.o + static_cast<size_t>(i) * dv;
+    if (avx2_direct_softmax(c, lsum, i, R, logits, t0)) {  // rare (lazy max): O *= alpha
+      for (int r = 0; r < R; ++r) {
+        const __m256 alpha = _mm256_set1_ps(c.alpha[i + r]);
+        float* row = o + static_cast<size_t>(r) * dv;
+        for (int j = 0; j < dv; j += 8)
+          _mm256_storeu_ps(row + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), alpha));
+      }
     }
-    return !nan_code;
+    avx2_pv<DT, kNanSafe, R, kFull>(
+        o, dv, static_cast<const float*>(c.p) + static_cast<size_t>(i) * kDirectChunk, v,
+        v_stride, live, c.lo + i, c.hi + i, t0);
   }
 
   template <bool kFull>
   static void head_chunk(const ItemContext& c, float* lsum, float* red, int row0, int rows,
                          const char* k, int64_t k_stride, const char* v, int64_t v_stride, int t0,
                          int live, const DirectPrefetch& pf) {
-    switch (c.args->kv.dtype) {
-      case DType::bf16:
-        rows_of<DType::bf16, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride, t0,
-                                           live, pf);
-        break;
-      case DType::f16:
-        rows_of<DType::f16, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride, t0,
-                                          live, pf);
-        break;
-      case DType::fp8_e5m2:
-        rows_of<DType::fp8_e5m2, false, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride,
-                                               t0, live, pf);
-        break;
-      default:  // fp8_e4m3 (direct_decode_avx2_applies): the NaN-exact widening where needed
-        if (!rows_of<DType::fp8_e4m3, false, kFull, true>(c, lsum, red, row0, rows, k, k_stride,
-                                                          v, v_stride, t0, live, pf)) {
-          rows_of<DType::fp8_e4m3, true, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride,
-                                                t0, live, pf);
-        }
-        break;
-    }
+    fma_head_chunk<DirectAvx2, kFull>(c, lsum, red, row0, rows, k, k_stride, v, v_stride, t0, live, pf);
   }
 };
 

@@ -5,9 +5,11 @@
 //
 // Items (direct_decode_applies): the driver's shape conditions, D = Dv a multiple of 32, and a bf16
 // cache with bf16 activations or an fp8 (e4m3 / e5m2) cache with any activations (both
-// Precision::bf16_dot: Q rounded to bf16, as the tile kernel does). Everything else on the AVX-512
-// and AMX paths (f16 caches, f32 / f16 activations over a bf16 cache, split-KV and cascade items)
-// runs the tile kernel. PAGEDATTN_CPU_DECODE_KERNEL=tile turns it off (cpu_dispatch.cpp).
+// Precision::bf16_dot: Q rounded to bf16, as the tile kernel does). On the AVX-512 and AMX paths
+// the f32 FMA kernel (cpu_decode_avx512_fma.h) takes the other head-fused decode items (f16
+// caches, f32 / f16 activations), and every one on CPUs where it is the faster form
+// (AttentionArgs::direct_fma); split-KV and cascade items run the tile kernel.
+// PAGEDATTN_CPU_DECODE_KERNEL=tile turns it off, =fma selects the other form (cpu_dispatch.cpp).
 //
 // fp8 caches are widened to bf16 in registers (widen32), exactly (every e4m3 / e5m2 value is a
 // bf16), NaN and inf codes included, so no check pass is needed; the rest of the kernel is the
@@ -51,13 +53,9 @@
 
 #include "cpu_avx512_ops.h"
 #include "cpu_decode_direct.h"
+#include "cpu_decode_softmax512.h"
 
-// GCC 12's avx512fintrin.h starts unpack/shuffle/min/max from `__m512 __Y = __Y` (undefined); once
-// those are inlined into the templates below it reports a false -Wuninitialized in the header.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+PAGEDATTN_AVX512_HEADER_BEGIN  // (cpu_avx512f_ops.h)
 
 namespace pagedattn::cpu {
 namespace {
@@ -128,11 +126,6 @@ inline __m512bh as_bh(__m512i x) {
   return r;
 }
 
-// 0, computed from x (see zero_after_bits).
-inline int64_t zero_after(__m512 x) {
-  return zero_after_bits(_mm_cvtsi128_si32(_mm_castps_si128(_mm512_castps512_ps128(x))));
-}
-
 // Logits of R rows (q: R rows of D bf16, row stride D) for the 16 keys of a chunk (key t at
 // k + t * k_stride, or the zero row from `live` on): logits[r] lane t = q_r . k_t.
 // red: scratch of R x 8 x 16 f32 (the key pairs folded once). prefetch_into: nullptr or what to
@@ -168,33 +161,13 @@ __attribute__((always_inline)) inline void direct_qk(const uint16_t* q, int head
       const __m512bh kc = as_bh(widen32<DT>(kb + 32 * kDirectElemBytes<DT> * c));
       for (int r = 0; r < R; ++r) b[r] = _mm512_dpbf16_ps(b[r], qv[r][c], kc);
     }
-    // 128-bit lane k of the fold: [a(4k)+a(4k+2), b(4k)+b(4k+2), a(4k+1)+a(4k+3), b(..)].
-    for (int r = 0; r < R; ++r) {
-      _mm512_storeu_ps(red + (r * 8 + tp) * 16, _mm512_add_ps(_mm512_unpacklo_ps(a[r], b[r]),
-                                                              _mm512_unpackhi_ps(a[r], b[r])));
-    }
+    for (int r = 0; r < R; ++r) direct_fold_pair(red, r, tp, a[r], b[r]);
     // Rows 2tp, 2tp + 1. The prefetch loops are unrolled for fp8 rows (fewer instructions in a
     // compute-bound loop); bf16 keeps them (unrolled, its prefetches issued ahead of the pacing
     // and the memory-bound decode was slower: docs/perf/cpu.md, fp8 section).
     if (prefetch) direct_prefetch_pair<DT == DType::bf16 ? 0 : 32 * NC>(pf, tp, zero_after(b[0]));
   }
-  for (int r = 0; r < R; ++r) {
-    const float* x = red + r * 8 * 16;
-    __m512 quad[4];  // 128-bit lane k: keys 4i .. 4i+3 (partial sums)
-    for (int i = 0; i < 4; ++i) {
-      const __m512d p0 = _mm512_castps_pd(_mm512_loadu_ps(x + (2 * i) * 16));
-      const __m512d p1 = _mm512_castps_pd(_mm512_loadu_ps(x + (2 * i + 1) * 16));
-      quad[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p0, p1)),
-                              _mm512_castpd_ps(_mm512_unpackhi_pd(p0, p1)));
-    }
-    __m512 oct[2];  // 128-bit lanes: keys [8i, 8i+4) twice, then [8i+4, 8i+8) twice
-    for (int i = 0; i < 2; ++i) {
-      oct[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(quad[2 * i], quad[2 * i + 1], 0xDD));
-    }
-    logits[r] = _mm512_add_ps(_mm512_shuffle_f32x4(oct[0], oct[1], 0x88),
-                              _mm512_shuffle_f32x4(oct[0], oct[1], 0xDD));
-  }
+  for (int r = 0; r < R; ++r) logits[r] = direct_chunk_logits(red, r);
 }
 
 // O[r] (permuted dims, see the file comment) += P[r] · V over the chunk's keys (keys t0 + j), for
@@ -258,72 +231,18 @@ __attribute__((always_inline)) inline void direct_pv_dims(float* o, int head_siz
       _mm512_storeu_ps(o + static_cast<size_t>(r) * head_size_v + d0 + 16 * j, acc[r][j]);
 }
 
-// Online softmax of rows [row0, row0 + rows) over one chunk (logits[r] lane j = key t0 + j): P
-// rounded to bf16 into the P scratch, m, l (lane sums) and alpha updated. Returns whether any row's
-// O needs rescaling (alpha != 1). Not a template: one copy for every register block shape.
-// Common path (a row's running max already within kDirectRescaleSlack of every logit of the
-// chunk): one compare instead of a horizontal max, alpha = 1.
-inline bool direct_softmax(const ItemContext& c, float* lsum, int row0, int rows,
-                           const __m512* logits, int t0) {
-  const AttentionArgs& a = *c.args;
-  const __m512i kpos =
-      _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                       _mm512_set1_epi32(t0));
-  const __m512 vscale = _mm512_set1_ps(c.logit_scale);
-  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
-  const bool capped = a.soft_cap > 0.f;
-  const bool alibi = a.alibi_slopes != nullptr;
-  uint16_t* p = static_cast<uint16_t*>(c.p) + static_cast<size_t>(row0) * kDirectChunk;
-  bool rescale = false;
-  int lo = -1, hi = -1;  // the visible range `valid` was computed for (rows often share it)
-  __mmask16 valid = 0;
-  for (int r = 0; r < rows; ++r) {
-    const int i = row0 + r;
-    __m512 x = _mm512_mul_ps(logits[r], vscale);
-    if (capped) {
-      x = _mm512_mul_ps(_mm512_set1_ps(a.soft_cap),
-                        vec_tanh<Vec512>(_mm512_mul_ps(x, _mm512_set1_ps(1.f / a.soft_cap))));
-    }
-    if (alibi) {
-      const __m512 dist =
-          _mm512_abs_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_set1_epi32(c.pos[i]), kpos)));
-      x = _mm512_fnmadd_ps(_mm512_set1_ps(c.slope[i]), dist, x);
-    }
-    if (c.lo[i] != lo || c.hi[i] != hi) {
-      lo = c.lo[i];
-      hi = c.hi[i];
-      valid = _mm512_cmpge_epi32_mask(kpos, _mm512_set1_epi32(lo)) &
-              _mm512_cmplt_epi32_mask(kpos, _mm512_set1_epi32(hi));
-    }
-    x = _mm512_mask_mov_ps(neg_inf, valid, x);
-    const bool exceeds =
-        _mm512_cmp_ps_mask(x, _mm512_set1_ps(c.m[i] + kDirectRescaleSlack), _CMP_GT_OQ) != 0;
-    const float alpha =
-        direct_lazy_max(c, i, exceeds, [&] { return _mm512_reduce_max_ps(x); }, &rescale);
-    float m_new = c.m[i];
-    uint16_t* prow = p + r * kDirectChunk;
-    if (m_new == kNegInf) {
-      // Every visible logit so far is -inf or NaN: `exceeds` is false for NaN, so a row whose
-      // only visible logits here are NaN lands here too, and must become NaN (REFERENCE:
-      // e^{NaN - m}), not give the key weight 0. x: masked lanes are -inf.
-      if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) == 0) {  // nothing visible yet
-        std::memset(prow, 0, kDirectChunk * sizeof(uint16_t));
-        continue;
-      }
-      m_new = c.m[i] = __builtin_nanf("");  // P, l, O and the LSE of the row NaN from here on
-    }
-    const __m512 e =
-        _mm512_maskz_mov_ps(valid, Vec512::exp(_mm512_sub_ps(x, _mm512_set1_ps(m_new))));
+// P of row `row` rounded to bf16 into the P scratch (16 values); returns the rounded values (what
+// l sums). direct_softmax16's store_p.
+struct DirectStorePBf16 {
+  __m512 operator()(void* p_scratch, int row, __m512 e) const {
     const __m256bh eb = _mm512_cvtneps_pbh(e);
     __m256i bits;
     std::memcpy(&bits, &eb, sizeof(bits));
+    uint16_t* prow = static_cast<uint16_t*>(p_scratch) + static_cast<size_t>(row) * kDirectChunk;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(prow), bits);
-    const __m512 rounded = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-    float* l = lsum + static_cast<size_t>(i) * kDirectChunk;
-    _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l), _mm512_set1_ps(alpha), rounded));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
   }
-  return rescale;
-}
+};
 
 // One register block of R rows (global rows row0 ..) of one KV head over one chunk: Q·Kᵀ, the
 // online softmax, O += P·V.
@@ -337,7 +256,7 @@ inline void direct_rows(const ItemContext& c, float* lsum, float* red, int row0,
       k_stride, live, red, logits, pf);
   const int dv = c.head_size_v;
   float* o = c.o + static_cast<size_t>(row0) * dv;
-  if (direct_softmax(c, lsum, row0, R, logits, t0)) {  // rare (lazy max): O *= alpha
+  if (direct_softmax16(c, lsum, row0, R, logits, t0, DirectStorePBf16{})) {  // rare (lazy max): O *= alpha
     for (int r = 0; r < R; ++r) {
       const __m512 alpha = _mm512_set1_ps(c.alpha[row0 + r]);
       float* row = o + static_cast<size_t>(r) * dv;
@@ -409,22 +328,11 @@ struct DirectAvx512 {
 
   // O rows are kept with the dims of each 32-dim chunk permuted (see the file comment).
   static void unpermute(const AttentionArgs&, const float* o, float* dst, int dv) {
-    const __m512i lo_idx =
-        _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i hi_idx =
-        _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-    for (int d = 0; d < dv; d += 32) {
-      const __m512 lo = _mm512_loadu_ps(o + d);
-      const __m512 hi = _mm512_loadu_ps(o + d + 16);
-      _mm512_storeu_ps(dst + d, _mm512_permutex2var_ps(lo, lo_idx, hi));
-      _mm512_storeu_ps(dst + d + 16, _mm512_permutex2var_ps(lo, hi_idx, hi));
-    }
+    direct_unpermute32(o, dst, dv);
   }
 };
 
 }  // namespace
 }  // namespace pagedattn::cpu
 
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
-#pragma GCC diagnostic pop
-#endif
+PAGEDATTN_AVX512_HEADER_END

@@ -7,9 +7,11 @@
 //                                                granted to this process), avx512 (AVX512F/BW/DQ/VL
 //                                                + AVX512_BF16), avx512f (AVX512F/BW/DQ/VL without
 //                                                BF16), avx2 (AVX2 + FMA + F16C), scalar.
-//   PAGEDATTN_CPU_DECODE_KERNEL = auto | tile     the direct decode kernel for head-fused decode
-//                                                items where it applies (auto), or the tile kernel
-//                                                for everything (tile); read on first use.
+//   PAGEDATTN_CPU_DECODE_KERNEL = auto | tile | fma | dot
+//                                                the direct decode kernel for head-fused decode
+//                                                items where it applies (auto; fma / dot: in that
+//                                                form on the avx512 and amx paths), or the tile
+//                                                kernel for everything (tile); read on first use.
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -200,8 +202,10 @@ DecodeKernel parse_decode_kernel(const char* name, const char* argument) {
   const std::string value = name == nullptr ? "" : name;
   if (value == "auto") return DecodeKernel::automatic;
   if (value == "tile") return DecodeKernel::tile;
+  if (value == "fma") return DecodeKernel::fma;
+  if (value == "dot") return DecodeKernel::dot;
   throw Error(argument, detail::concat(argument, " = '", value,
-                                       "' is not a CPU decode kernel choice: expected auto or tile"));
+                                       "' is not a CPU decode kernel choice: expected auto, tile, fma or dot"));
 }
 
 DecodeKernel decode_kernel() {
@@ -224,5 +228,22 @@ void clear_decode_kernel_override() { g_decode_kernel_override.store(-1, std::me
 uint64_t direct_decode_items_run() { return g_direct_decode_items.load(std::memory_order_relaxed); }
 
 void count_direct_decode_item() { g_direct_decode_items.fetch_add(1, std::memory_order_relaxed); }
+
+bool direct_decode_prefers_fma() {
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+  static const bool intel = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    char vendor[13] = {};
+    std::memcpy(vendor, &ebx, 4);
+    std::memcpy(vendor + 4, &edx, 4);
+    std::memcpy(vendor + 8, &ecx, 4);
+    return std::strcmp(vendor, "GenuineIntel") == 0;
+  }();
+  return intel;
+#else
+  return false;
+#endif
+}
 
 }  // namespace pagedattn::cpu

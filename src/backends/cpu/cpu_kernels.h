@@ -130,6 +130,9 @@ struct AttentionArgs {
   // Head-fused decode items run the direct decode kernel where it applies (cpu_decode_direct.h);
   // false: always the tile kernel (PAGEDATTN_CPU_DECODE_KERNEL=tile, see decode_kernel()).
   bool direct_decode = true;
+  // The avx512 and amx paths' direct kernel form: f32 FMA (cpu_decode_avx512_fma.h) rather than
+  // bf16 dot products (cpu_decode_avx512.h). Resolved once per call from decode_kernel().
+  bool direct_fma = false;
 
   // Batch (copied into the plan by the builder).
   const int32_t* query_start_loc = nullptr;  // (num_reqs + 1,)
@@ -187,10 +190,13 @@ void set_kernel_table_override(const KernelTable* table);
 
 // Decode kernel choice, read once: env PAGEDATTN_CPU_DECODE_KERNEL = auto (the default: the direct
 // decode kernel for the head-fused decode items it applies to, on the avx2, avx512f, avx512 and amx
-// paths, cpu_decode_direct.h) | tile
-// (the tile kernel for every item; for A/B measurements). An unknown value is an Error naming the
-// variable. set_decode_kernel_override (tests, benchmarks) replaces the choice until cleared.
-enum class DecodeKernel : int { automatic = 0, tile = 1 };
+// paths, cpu_decode_direct.h; on the avx512 and amx paths in the form this CPU runs faster,
+// direct_decode_prefers_fma) | tile (the tile kernel for every item; for A/B measurements) | fma |
+// dot (the direct kernel, in that form on the avx512 and amx paths: f32 FMA, cpu_decode_avx512_fma.h,
+// or bf16 dot products, cpu_decode_avx512.h; other paths as auto; for tests and A/B measurements).
+// An unknown value is an Error naming the variable. set_decode_kernel_override (tests, benchmarks)
+// replaces the choice until cleared.
+enum class DecodeKernel : int { automatic = 0, tile = 1, fma = 2, dot = 3 };
 DecodeKernel decode_kernel();
 DecodeKernel parse_decode_kernel(const char* name, const char* argument);
 void set_decode_kernel_override(DecodeKernel kernel);
@@ -198,6 +204,10 @@ void clear_decode_kernel_override();
 // Work items run by the direct decode kernel since the process started (tests check that a case
 // took the path); count_direct_decode_item is called by the kernels once per item.
 uint64_t direct_decode_items_run();
+// Whether this CPU runs the direct decode kernel's dot products faster as f32 FMA than with
+// vdpbf16ps (read once from CPUID: Intel cores, where vdpbf16ps measured half the f32 FMA's FLOP
+// rate; AMD Zen 4 / 5 run it faster than FMA: docs/perf/cpu.md).
+bool direct_decode_prefers_fma();
 void count_direct_decode_item();
 
 }  // namespace pagedattn::cpu

@@ -22,7 +22,8 @@
 //   diagonal runs) and head sizes that are not multiples of 32 use the AVX-512 vdpbf16ps kernels.
 //   Decode items (< 16 rows per KV head) therefore run the AVX-512 path whole: the memory-bound
 //   decode would only fill 4 of a tile's 16 rows. Head-fused decode items (all KV heads of a
-//   request, <= 128 rows) run the direct decode kernel (cpu_decode_avx512.h) where it applies.
+//   request, <= 128 rows) run a direct decode kernel where one applies (cpu_decode_avx512.h, or
+//   cpu_decode_avx512_fma.h for AttentionArgs::direct_fma and the items the former does not take).
 // O rescale: tiles cannot scale, so O rows with alpha != 1 are rescaled with AVX-512 before the
 // C tiles are loaded. To make that rare the softmax keeps its running max while a tile's logits
 // exceed it by at most kRescaleSlack = 8 (cpu_attention_tile.h: exact, P <= e^8).
@@ -42,6 +43,7 @@
 #if defined(__x86_64__) || defined(_M_X64)
 
 #include "backends/cpu/cpu_decode_avx512.h"
+#include "backends/cpu/cpu_decode_avx512_fma.h"
 
 namespace pagedattn::cpu {
 namespace {
@@ -261,13 +263,18 @@ struct AmxOps : Bf16Ops {
 
 template <class Tiles>
 void run_item_amx_impl(const AttentionArgs& args, const WorkItem& item, char* scratch) {
-  if (args.precision != Precision::bf16_dot) {
-    run_item_impl<F32Ops<Vec512>>(args, item, scratch);
-    return;
-  }
-  if (direct_decode_applies(args, item)) {  // head-fused decode (see the file comment)
+  if (!args.direct_fma && direct_decode_applies(args, item)) {  // head-fused decode (see the file comment)
     run_direct_decode<DirectAvx512>(args, item, scratch);
     count_direct_decode_item();
+    return;
+  }
+  if (direct_decode_fma_applies(args, item)) {
+    run_direct_decode<DirectAvx512Fma>(args, item, scratch);
+    count_direct_decode_item();
+    return;
+  }
+  if (args.precision != Precision::bf16_dot) {
+    run_item_impl<F32Ops<Vec512>>(args, item, scratch);
     return;
   }
   const int rows_per_head = (item.tok_end - item.tok_begin) * args.group_size;

@@ -7,20 +7,26 @@
 //            6 rows x 64 keys (or dims) register blocks.
 //            Floor per 64-key tile and row: 2*64*(D+Dv) FLOP at 2 vdpbf16ps/cycle/core.
 //   F32Ops<Vec512> (f32 / f16 activations): the same tiling with f32 FMA (6 x 64 per block).
-// Head-fused decode items over a bf16 or fp8 cache run the direct decode kernel instead
-// (cpu_decode_avx512.h: dot products on the cache rows in place, no packing) where it applies.
+// Head-fused decode items run a direct decode kernel instead (dot products on the cache rows in
+// place, no packing) where one applies: bf16 dot products over a bf16 or fp8 cache
+// (cpu_decode_avx512.h), unless this CPU runs f32 FMA faster (AttentionArgs::direct_fma); f32 FMA
+// (cpu_decode_avx512_fma.h) for the other items it takes (f16 caches, f32 / f16 activations).
 // Precision: see cpu_attention_tile.h; bf16 rounding of f32/f16 operands uses vcvtne2ps2bf16
 // (round to nearest even; f32 denormals flush to zero, far below every tolerance).
 #if defined(__x86_64__) || defined(_M_X64)
 
 #include "backends/cpu/cpu_decode_avx512.h"
+#include "backends/cpu/cpu_decode_avx512_fma.h"
 
 namespace pagedattn::cpu {
 namespace {
 
 void run_item_avx512(const AttentionArgs& args, const WorkItem& item, char* scratch) {
-  if (direct_decode_applies(args, item)) {
+  if (!args.direct_fma && direct_decode_applies(args, item)) {
     run_direct_decode<DirectAvx512>(args, item, scratch);
+    count_direct_decode_item();
+  } else if (direct_decode_fma_applies(args, item)) {
+    run_direct_decode<DirectAvx512Fma>(args, item, scratch);
     count_direct_decode_item();
   } else if (args.precision == Precision::bf16_dot) {
     run_item_impl<Bf16Ops>(args, item, scratch);
