@@ -2,12 +2,13 @@
 // head) compute of the direct decode driver (cpu_decode_direct.h), the AVX2 kernel's algorithm
 // (cpu_decode_avx2.h) at twice its width. Included by the AVX-512 translation units
 // (cpu_kernels_avx512f.cpp; cpu_kernels_avx512.cpp and cpu_kernels_amx.cpp, where
-// direct_fma_preferred() picks it over the bf16 dot-product kernel); internal linkage only.
+// AttentionArgs::direct_fma picks it over the bf16 dot-product kernel); internal linkage only.
 //
 // Why a second AVX-512 kernel: cpu_decode_avx512.h computes with vdpbf16ps, which a Zen 5 core runs
 // at 1.85x its f32 FMA FLOP rate, but an Intel Xeon (family 6 model 207) at half of it; there the
-// same dot products in f32 FMA took 1.4-1.5x fewer cycles (bench/cpu_dot_probe,
-// docs/perf/cpu.md). CPUs without AVX512_BF16 (the avx512f path) have only this one.
+// same dot products in f32 FMA took 1.4-1.5x fewer cycles (bench/cpu_dot_probe), and decode
+// 0.79-0.89x the time (docs/perf/cpu.md). CPUs without AVX512_BF16 (the avx512f path) have only
+// this one.
 //
 // Items (direct_decode_fma_applies): the driver's shape conditions, D = Dv a multiple of 32, and a
 // bf16, f16, fp8 e4m3 or fp8 e5m2 cache; any activation dtype (Q is converted to f32, as by the
