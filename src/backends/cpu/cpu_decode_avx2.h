@@ -37,8 +37,6 @@
 // one rounding at the output.
 #pragma once
 
-#include <cpuid.h>
-
 #include <cstring>
 
 #include "cpu_avx2_ops.h"
@@ -139,22 +137,14 @@ struct Avx2PrefetchPlan {
   int key_lookahead = 4;  // keys between a K row's L1 prefetch and its use (<= kDirectChunk)
 };
 
-// The plan for this CPU, from its CPUID vendor string (read once). Measured (docs/perf/cpu.md):
+// The plan for this CPU, from its vendor (cpu_vendor). Measured (docs/perf/cpu.md):
 // on the Intel AVX2 machine the hardware prefetchers kept up without L2 prefetches (decode was
 // faster without them) and a 4-key lookahead was enough; on the AMD machine, without them Q·Kᵀ
 // waited on its K rows from DRAM, and an 8-key lookahead was faster than 4.
 inline Avx2PrefetchPlan avx2_prefetch_plan() {
-  static const Avx2PrefetchPlan plan = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return Avx2PrefetchPlan{};
-    char vendor[13] = {};
-    std::memcpy(vendor, &ebx, 4);
-    std::memcpy(vendor + 4, &edx, 4);
-    std::memcpy(vendor + 8, &ecx, 4);
-    const bool amd =
-        std::strcmp(vendor, "AuthenticAMD") == 0 || std::strcmp(vendor, "HygonGenuine") == 0;
-    return amd ? Avx2PrefetchPlan{true, 8} : Avx2PrefetchPlan{};
-  }();
+  // (read per Q·Kᵀ call: the static keeps cpu_vendor's call out of that loop)
+  static const Avx2PrefetchPlan plan =
+      cpu_vendor() == CpuVendor::amd ? Avx2PrefetchPlan{true, 8} : Avx2PrefetchPlan{};
   return plan;
 }
 
@@ -194,12 +184,11 @@ __attribute__((always_inline)) inline void avx2_qk(const float* q, int d, const 
   const bool prefetch = prefetch_into != nullptr;
   DirectPrefetch pf;
   if (prefetch) pf = *prefetch_into;
-  const char* zero = reinterpret_cast<const char*>(kZeroRow);
   const Avx2PrefetchPlan plan = avx2_prefetch_plan();
   const int64_t l2_bytes = plan.l2 ? 2 * pf.row_bytes : 0;
   for (int tp = 0; tp < kDirectChunk / 2; ++tp) {
-    const char* ka = kFull || 2 * tp < live ? k + (2 * tp) * k_stride : zero;
-    const char* kb = kFull || 2 * tp + 1 < live ? k + (2 * tp + 1) * k_stride : zero;
+    const char* ka = direct_key_row<kFull>(k, k_stride, live, 2 * tp);
+    const char* kb = direct_key_row<kFull>(k, k_stride, live, 2 * tp + 1);
     __m256 a[R], b[R];
     for (int r = 0; r < R; ++r) {
       a[r] = _mm256_setzero_ps();
@@ -356,8 +345,8 @@ __attribute__((always_inline)) inline void avx2_pv(float* o, int dv, const float
 
 // The rows [row0, row0 + rows) of one KV head over a chunk, for the f32 FMA kernels (DirectAvx2
 // here, DirectAvx512Fma in cpu_decode_avx512_fma.h), in register blocks of up to kDirectRowBlock
-// rows: K::qk (Q·Kᵀ into K::Logits<R>; the head's prefetches with the first block), then
-// K::softmax_pv (the online softmax, O rescaled when it says so, O += P·V). Returns false, having
+// rows: K::qk (Q·Kᵀ into K::Logits<R>; the head's prefetches with the first block), K::softmax
+// (the online softmax: P, m, l, alpha; O rescaled when it says so), K::pv (O += P·V). Returns false, having
 // changed nothing but scratch, when kCheckNan and one of the chunk's live K or V rows holds the
 // e4m3 NaN code: checked after the first block's Q·Kᵀ, before anything but scratch is written
 // (the K rows are in L1, just read, and the V rows on their way, prefetched by the loop, so the
@@ -382,7 +371,12 @@ inline bool fma_rows_of(const ItemContext& c, float* lsum, float* red, int row0,
           return;
         }
       }
-      K::template softmax_pv<DT, kNanSafe, R, kFull>(c, lsum, i, logits, v, v_stride, t0, live);
+      const int dv = c.head_size_v;
+      float* o = c.o + static_cast<size_t>(i) * dv;
+      if (K::softmax(c, lsum, i, R, logits, t0)) direct_rescale_rows(o, dv, c.alpha + i, R);
+      K::template pv<DT, kNanSafe, R, kFull>(
+          o, dv, static_cast<const float*>(c.p) + static_cast<size_t>(i) * kDirectChunk, v, v_stride,
+          live, c.lo + i, c.hi + i, t0);
     });
   }
   return !nan_code;
@@ -465,22 +459,14 @@ struct DirectAvx2 {
                  Logits<R>& logits, const DirectPrefetch* pf) {
     avx2_qk<DT, kNanSafe, R, kFull>(q, d, k, k_stride, live, red, logits, pf);
   }
+  static bool softmax(const ItemContext& c, float* lsum, int i, int rows, const __m256 (*logits)[2],
+                      int t0) {
+    return avx2_direct_softmax(c, lsum, i, rows, logits, t0);
+  }
   template <DType DT, bool kNanSafe, int R, bool kFull>
-  static void softmax_pv(const ItemContext& c, float* lsum, int i, const Logits<R>& logits,
-                         const char* v, int64_t v_stride, int t0, int live) {
-    const int dv = c.head_size_v;
-    float* o = c.o + static_cast<size_t>(i) * dv;
-    if (avx2_direct_softmax(c, lsum, i, R, logits, t0)) {  // rare (lazy max): O *= alpha
-      for (int r = 0; r < R; ++r) {
-        const __m256 alpha = _mm256_set1_ps(c.alpha[i + r]);
-        float* row = o + static_cast<size_t>(r) * dv;
-        for (int j = 0; j < dv; j += 8)
-          _mm256_storeu_ps(row + j, _mm256_mul_ps(_mm256_loadu_ps(row + j), alpha));
-      }
-    }
-    avx2_pv<DT, kNanSafe, R, kFull>(
-        o, dv, static_cast<const float*>(c.p) + static_cast<size_t>(i) * kDirectChunk, v,
-        v_stride, live, c.lo + i, c.hi + i, t0);
+  static void pv(float* o, int dv, const float* p, const char* v, int64_t v_stride, int live,
+                 const int32_t* lo, const int32_t* hi, int t0) {
+    avx2_pv<DT, kNanSafe, R, kFull>(o, dv, p, v, v_stride, live, lo, hi, t0);
   }
 
   template <bool kFull>

@@ -144,10 +144,9 @@ __attribute__((always_inline)) inline void direct_qk(const uint16_t* q, int head
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NC; ++c)
       qv[r][c] = as_bh(_mm512_loadu_si512(q + static_cast<size_t>(r) * head_size + 32 * c));
-  const char* zero = reinterpret_cast<const char*>(kZeroRow);
   for (int tp = 0; tp < kDirectChunk / 2; ++tp) {
-    const char* ka = kFull || 2 * tp < live ? k + (2 * tp) * k_stride : zero;
-    const char* kb = kFull || 2 * tp + 1 < live ? k + (2 * tp + 1) * k_stride : zero;
+    const char* ka = direct_key_row<kFull>(k, k_stride, live, 2 * tp);
+    const char* kb = direct_key_row<kFull>(k, k_stride, live, 2 * tp + 1);
     __m512 a[R], b[R];
     for (int r = 0; r < R; ++r) {
       a[r] = _mm512_setzero_ps();
@@ -256,13 +255,8 @@ inline void direct_rows(const ItemContext& c, float* lsum, float* red, int row0,
       k_stride, live, red, logits, pf);
   const int dv = c.head_size_v;
   float* o = c.o + static_cast<size_t>(row0) * dv;
-  if (direct_softmax16(c, lsum, row0, R, logits, t0, DirectStorePBf16{})) {  // rare (lazy max): O *= alpha
-    for (int r = 0; r < R; ++r) {
-      const __m512 alpha = _mm512_set1_ps(c.alpha[row0 + r]);
-      float* row = o + static_cast<size_t>(r) * dv;
-      for (int d = 0; d < dv; d += 16)
-        _mm512_storeu_ps(row + d, _mm512_mul_ps(_mm512_loadu_ps(row + d), alpha));
-    }
+  if (direct_softmax16(c, lsum, row0, R, logits, t0, DirectStorePBf16{})) {  // rare (lazy max)
+    direct_rescale_rows(o, dv, c.alpha + row0, R);
   }
   const uint16_t* p = static_cast<const uint16_t*>(c.p) + static_cast<size_t>(row0) * kDirectChunk;
   int d0 = 0;

@@ -23,7 +23,7 @@
 //          AVX2 kernel; the 256 folds into the logit scale and the output normalisation). Its NaN
 //          code reads as a finite f16, so each (chunk, head) checks its K and V rows for it after
 //          the first row block's Q·Kᵀ and, when one is there, is computed again from the start with
-//          the NaN-exact widening (the AVX2 kernel's rows_of protocol).
+//          the NaN-exact widening (fma_rows_of, cpu_decode_avx2.h).
 // Tiling per (chunk of 16 keys, KV head), rows in blocks of R <= 4:
 //   S = Q·Kᵀ  key pairs (2i, 2i+1): per group, the two K rows widened once, times the R query rows
 //             (f32, loaded from L1 into registers) into 2R zmm accumulators; each pair folded once
@@ -100,10 +100,9 @@ __attribute__((always_inline)) inline void fma_qk(const float* q, int d, const c
   const bool prefetch = prefetch_into != nullptr;
   DirectPrefetch pf;
   if (prefetch) pf = *prefetch_into;
-  const char* zero = reinterpret_cast<const char*>(kZeroRow);
   for (int tp = 0; tp < kDirectChunk / 2; ++tp) {
-    const char* ka = kFull || 2 * tp < live ? k + (2 * tp) * k_stride : zero;
-    const char* kb = kFull || 2 * tp + 1 < live ? k + (2 * tp + 1) * k_stride : zero;
+    const char* ka = direct_key_row<kFull>(k, k_stride, live, 2 * tp);
+    const char* kb = direct_key_row<kFull>(k, k_stride, live, 2 * tp + 1);
     __m512 a[R], b[R];
     for (int r = 0; r < R; ++r) {
       a[r] = _mm512_setzero_ps();
@@ -187,13 +186,11 @@ struct DirectAvx512Fma {
 
   static void setup(ItemContext& c) {
     setup_item_rows<F32Ops<Vec512>>(c);  // Q rows as f32 (dimension order), masks; O = 0
-    if (c.args->kv.dtype == DType::bf16) {
+    if (c.args->kv.dtype == DType::bf16) {  // in place (each group is loaded whole first)
       float* q = static_cast<float*>(c.q);
-      float tmp[kMaxHeadSize];
       for (int row = 0; row < c.rows; ++row) {
         float* qr = q + static_cast<size_t>(row) * c.head_size;
-        to_widening_order(qr, tmp, c.head_size);
-        std::memcpy(qr, tmp, static_cast<size_t>(c.head_size) * sizeof(float));
+        to_widening_order(qr, qr, c.head_size);
       }
     }
   }
@@ -218,22 +215,13 @@ struct DirectAvx512Fma {
                  Logits<R>& logits, const DirectPrefetch* pf) {
     fma_qk<DT, kNanSafe, R, kFull>(q, d, k, k_stride, live, red, logits, pf);
   }
+  static bool softmax(const ItemContext& c, float* lsum, int i, int rows, const __m512* logits, int t0) {
+    return direct_softmax16(c, lsum, i, rows, logits, t0, DirectStorePF32{});
+  }
   template <DType DT, bool kNanSafe, int R, bool kFull>
-  static void softmax_pv(const ItemContext& c, float* lsum, int i, const Logits<R>& logits,
-                         const char* v, int64_t v_stride, int t0, int live) {
-    const int dv = c.head_size_v;
-    float* o = c.o + static_cast<size_t>(i) * dv;
-    if (direct_softmax16(c, lsum, i, R, logits, t0, DirectStorePF32{})) {  // rare: O *= alpha
-      for (int r = 0; r < R; ++r) {
-        const __m512 alpha = _mm512_set1_ps(c.alpha[i + r]);
-        float* row = o + static_cast<size_t>(r) * dv;
-        for (int j = 0; j < dv; j += 16)
-          _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), alpha));
-      }
-    }
-    fma_pv<DT, kNanSafe, R, kFull>(
-        o, dv, static_cast<const float*>(c.p) + static_cast<size_t>(i) * kDirectChunk, v,
-        v_stride, live, c.lo + i, c.hi + i, t0);
+  static void pv(float* o, int dv, const float* p, const char* v, int64_t v_stride, int live,
+                 const int32_t* lo, const int32_t* hi, int t0) {
+    fma_pv<DT, kNanSafe, R, kFull>(o, dv, p, v, v_stride, live, lo, hi, t0);
   }
 
   template <bool kFull>

@@ -115,6 +115,24 @@ __attribute__((always_inline)) inline void direct_prefetch_pair(const DirectPref
   }
 }
 
+// Key `key` of a chunk's rows (key t at k + t * k_stride) for Q·Kᵀ: the row, or from `live` on the
+// zero row (a dead slot is never read; its logit is masked).
+template <bool kFull>
+__attribute__((always_inline)) inline const char* direct_key_row(const char* k, int64_t k_stride,
+                                                                 int live, int key) {
+  return kFull || key < live ? k + key * k_stride : reinterpret_cast<const char*>(kZeroRow);
+}
+
+// O rows [0, rows) (dv floats each) times their alpha: the lazy max's rescale, rare (plain loops,
+// vectorised by the compiler at each kernel's width).
+inline void direct_rescale_rows(float* o, int dv, const float* alpha, int rows) {
+  for (int r = 0; r < rows; ++r) {
+    float* row = o + static_cast<size_t>(r) * dv;
+    const float a = alpha[r];
+    for (int j = 0; j < dv; ++j) row[j] *= a;
+  }
+}
+
 // The keys [0, n) of a chunk (relative to its first key t0) that the rows of a register block see
 // (row r: [lo[r], hi[r]) in absolute keys): every row sees [all_lo, all_hi), some row sees
 // [any_lo, any_hi), and all_lo <= all_hi always (both = any_hi when no key is seen by every row),

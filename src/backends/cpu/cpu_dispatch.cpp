@@ -229,20 +229,22 @@ uint64_t direct_decode_items_run() { return g_direct_decode_items.load(std::memo
 
 void count_direct_decode_item() { g_direct_decode_items.fetch_add(1, std::memory_order_relaxed); }
 
-bool direct_decode_prefers_fma() {
+CpuVendor cpu_vendor() {
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
-  static const bool intel = [] {
+  static const CpuVendor vendor = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
-    char vendor[13] = {};
-    std::memcpy(vendor, &ebx, 4);
-    std::memcpy(vendor + 4, &edx, 4);
-    std::memcpy(vendor + 8, &ecx, 4);
-    return std::strcmp(vendor, "GenuineIntel") == 0;
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return CpuVendor::other;
+    char name[13] = {};
+    std::memcpy(name, &ebx, 4);
+    std::memcpy(name + 4, &edx, 4);
+    std::memcpy(name + 8, &ecx, 4);
+    if (std::strcmp(name, "GenuineIntel") == 0) return CpuVendor::intel;
+    if (std::strcmp(name, "AuthenticAMD") == 0 || std::strcmp(name, "HygonGenuine") == 0) return CpuVendor::amd;
+    return CpuVendor::other;
   }();
-  return intel;
+  return vendor;
 #else
-  return false;
+  return CpuVendor::other;
 #endif
 }
 

@@ -204,10 +204,15 @@ void clear_decode_kernel_override();
 // Work items run by the direct decode kernel since the process started (tests check that a case
 // took the path); count_direct_decode_item is called by the kernels once per item.
 uint64_t direct_decode_items_run();
+// The CPU's vendor (CPUID leaf 0, read once; other: unknown or not x86). The direct decode kernels
+// take per-vendor plans from it: the AVX2 kernel's prefetches (avx2_prefetch_plan) and the AVX-512
+// kernel form (direct_decode_prefers_fma).
+enum class CpuVendor : int { intel, amd, other };
+CpuVendor cpu_vendor();
 // Whether this CPU runs the direct decode kernel's dot products faster as f32 FMA than with
-// vdpbf16ps (read once from CPUID: Intel cores, where vdpbf16ps measured half the f32 FMA's FLOP
-// rate; AMD Zen 4 / 5 run it faster than FMA: docs/perf/cpu.md).
-bool direct_decode_prefers_fma();
+// vdpbf16ps: Intel cores, where vdpbf16ps measured half the f32 FMA's FLOP rate (AMD Zen 5 runs it
+// at 1.85x: docs/perf/cpu.md).
+inline bool direct_decode_prefers_fma() { return cpu_vendor() == CpuVendor::intel; }
 void count_direct_decode_item();
 
 }  // namespace pagedattn::cpu
