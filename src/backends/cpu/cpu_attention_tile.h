@@ -293,13 +293,17 @@ inline void softmax_tile(const ItemContext& c, int ra, int rb, int t0, int n, in
     const V vpos = Vec::set1(static_cast<float>(c.pos[i]));
     const V vslope = Vec::set1(c.slope[i]);
     V vmax = Vec::set1(kNegInf);
-    if (lo == t0 && hi == t0 + kKeyTile && !capped && !alibi) {
-      // Every key of the tile visible, plain logits (most tiles of a prefill): no mask to apply.
-      for (int j = 0; j < kKeyTile; j += W) {
-        const V x = Vec::mul(Vec::load(srow + j), vscale);
-        Vec::store(srow + j, x);
-        vmax = Vec::max(vmax, x);
-      }
+    // The second pass computes P from srow * p_scale - m: p_scale is the logit scale where srow
+    // still holds the raw Q·Kᵀ (fast path), 1 where the first pass stored the final logits.
+    float p_scale = 1.f;
+    float tile_max;
+    if (lo == t0 && hi == t0 + kKeyTile && !capped && !alibi && c.logit_scale > 0.f) {
+      // Every key of the tile visible, plain logits (most tiles of a prefill): no mask to apply,
+      // and S is left raw: max(s * scale) = scale * max(s) for scale > 0 (rounding is monotonic),
+      // and the second pass folds the scale into its subtraction of m (one FMA).
+      for (int j = 0; j < kKeyTile; j += W) vmax = Vec::max(vmax, Vec::load(srow + j));
+      p_scale = c.logit_scale;
+      tile_max = Vec::hmax(vmax) * p_scale;
     } else {
       for (int j = 0; j < kKeyTile; j += W) {
         const V kpos = Vec::add(Vec::set1(static_cast<float>(t0 + j)), iota);
@@ -311,9 +315,9 @@ inline void softmax_tile(const ItemContext& c, int ra, int rb, int t0, int n, in
         Vec::store(srow + j, x);
         vmax = Vec::max(vmax, x);
       }
+      tile_max = Vec::hmax(vmax);
     }
     const float m_old = c.m[i];
-    const float tile_max = Vec::hmax(vmax);
     float m_new = fmax_nan_free(m_old, tile_max);
     if constexpr (requires { Ops::kRescaleSlack; }) {
       // Lazy rescale (Ops that pay for every O rescale, i.e. AMX): the running max m is kept while
@@ -336,15 +340,30 @@ inline void softmax_tile(const ItemContext& c, int ra, int rb, int t0, int n, in
       }
       m_new = __builtin_nanf("");  // P, l, O and the LSE of the row NaN from here on
     }
-    const float alpha = m_old == kNegInf ? 0.f : std::exp(m_old - m_new);
-    const V vm = Vec::set1(m_new);
+    // m unchanged (the common case with a lazy max): alpha = e^0 = 1 without the call.
+    const float alpha = m_old == kNegInf ? 0.f : m_new == m_old ? 1.f : std::exp(m_old - m_new);
+    const V vneg_m = Vec::set1(-m_new);
+    const V vp_scale = Vec::set1(p_scale);
     const V lowest = Vec::set1(kLowestFinite);
+    // P = e^{x}, x = s * p_scale - m: -inf (masked, or below the range) gives 0, NaN gives NaN.
+    // Vec::exp of -inf is 0 already where Vec says so (kExpOfNegInfIsZero); else it is selected.
+    auto p_of = [&](const float* src) {
+      const V x = Vec::fma(Vec::load(src), vp_scale, vneg_m);
+      const V e = Vec::exp(x);
+      if constexpr (requires { Vec::kExpOfNegInfIsZero; }) {
+        return e;
+      } else {
+        return Vec::select(Vec::lt(x, lowest), Vec::zero(), e);
+      }
+    };
     V vsum = Vec::zero();
-    for (int j = 0; j < kKeyTile; j += W) {
-      const V x = Vec::load(srow + j);
-      V e = Vec::exp(Vec::sub(x, vm));
-      e = Vec::select(Vec::lt(x, lowest), Vec::zero(), e);  // -inf: 0; NaN: NaN
-      vsum = Vec::add(vsum, Ops::store_p(c.p, i, j, e));
+    if constexpr (requires { Ops::store_p_pair; }) {
+      // Two vectors of P at a time (Ops rounds, stores and sums them in one go).
+      for (int j = 0; j < kKeyTile; j += 2 * W) {
+        vsum = Ops::store_p_pair(c.p, i, j, p_of(srow + j), p_of(srow + j + W), vsum);
+      }
+    } else {
+      for (int j = 0; j < kKeyTile; j += W) vsum = Vec::add(vsum, Ops::store_p(c.p, i, j, p_of(srow + j)));
     }
     c.l[i] = c.l[i] * alpha + Vec::hsum(vsum);
     c.m[i] = m_new;

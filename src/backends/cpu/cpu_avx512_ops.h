@@ -139,6 +139,17 @@ struct Bf16Ops {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
   }
 
+  // P of keys [j, j + 32) rounded to bf16 (one vcvtne2ps2bf16) and stored; returns acc plus the
+  // rounded values, summed in pairs by one vdpbf16ps against bf16 ones (each product exact, sums
+  // in f32; denormal P flushed, as tdpbf16ps / vdpbf16ps flush them in P·V).
+  static V store_p_pair(void* p, int row, int j, V e0, V e1, V acc) {
+    const __m512bh h = _mm512_cvtne2ps_pbh(e1, e0);  // e0 -> keys j .. j+15
+    _mm512_storeu_si512(static_cast<uint16_t*>(p) + static_cast<size_t>(row) * kKeyTile + j,
+                        reinterpret_cast<const __m512i&>(h));
+    const __m512i ones = _mm512_set1_epi16(0x3F80);  // bf16 1.0
+    return _mm512_dpbf16_ps(acc, h, reinterpret_cast<const __m512bh&>(ones));
+  }
+
   static void zero_p_row(void* p, int row) {
     std::memset(static_cast<uint16_t*>(p) + static_cast<size_t>(row) * kKeyTile, 0, kKeyTile * 2);
   }

@@ -62,6 +62,9 @@ struct Vec512 {
 
   // e^x, |relative error| ~ 1-2 ulp (Cephes expf polynomial); x = -inf gives 0, NaN gives NaN
   // (the clamps take x as their second operand, which max/min return when either is NaN).
+  // x <= -104 gives exactly 0 (p ~ 0.97 times 2^-150 rounds to 0): the softmax relies on it
+  // for masked logits (kExpOfNegInfIsZero: P = 0 exactly there, no select needed).
+  static constexpr bool kExpOfNegInfIsZero = true;
   static V exp(V x) {
     x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);
     x = _mm512_min_ps(_mm512_set1_ps(88.72283935f), x);
