@@ -18,6 +18,9 @@
 //                                            16 dims (the [32][Dv] pair pack, likewise).
 //   Q·Kᵀ per 16 rows and 64 keys: D/32 steps of (1 A load, 4 B loads, 4 tdpbf16ps); P·V per
 //   16 rows and 64 dims: load 4 C from O, 2 steps of (1 A load, 4 B loads, 4 tdpbf16ps), store.
+//   Per 16 x 64 block at D = Dv = 128: 32 tdpbf16ps, 48 tile loads (Q·Kᵀ 4 A + 16 B; P·V 4 A +
+//   16 B + 8 of O) and 12 stores (4 of S, 8 of O): O (16 rows x Dv f32) goes through C tiles
+//   every key tile, since keeping it would take 8 C tiles and S needs 4.
 //   Rows are taken 16 at a time; the rest of a run (< 16 rows: decode items, GQA tails, causal
 //   diagonal runs) and head sizes that are not multiples of 32 use the AVX-512 vdpbf16ps kernels.
 //   Decode items (< 16 rows per KV head) therefore run the AVX-512 path whole: the memory-bound
@@ -28,9 +31,13 @@
 // C tiles are loaded. To make that rare the softmax keeps its running max while a tile's logits
 // exceed it by at most kRescaleSlack = 8 (cpu_attention_tile.h: exact, P <= e^8).
 //
-// Memory traffic: as the AVX-512 path (K/V read once per item, packed once per tile into L1/L2;
-// Q, S, P, O in per-thread scratch). Floor per 64-key tile and 16 rows: 16*64*(D+Dv)*2 FLOP at
-// 1024 FLOP/cycle/core (one 16x16x32 tdpbf16ps per 16 cycles).
+// Memory traffic: as the AVX-512 path (K/V read once per item, packed once per tile and shared by
+// every row block and GQA head of the item; Q, S, P, O in per-thread scratch: at 128 rows Q, S
+// and O are 32, 32 and 64 KiB, so their tile loads and stores go to L2). Floor per 64-key tile
+// and 16 rows: 16*64*(D+Dv)*2 FLOP at 1024 FLOP/cycle/core (one 16x16x32 tdpbf16ps per 16
+// cycles), 512 cycles at D = Dv = 128. What the rest costs (the vector softmax is the largest
+// part, then the O round trips and the packs): docs/perf/cpu.md, "AMX prefill (2026-12-06,
+// session 24, issue 22)".
 //
 // Precision points: as the AVX-512 bf16 path (operands bf16, products summed in f32; tdpbf16ps
 // flushes denormal inputs and outputs and rounds to nearest even, like vdpbf16ps; P rounded to
