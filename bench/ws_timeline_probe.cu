@@ -6,8 +6,15 @@
 // 16-bit cache or (--kv fp8_e4m3) an e4m3 one on the 8-bit path.
 // It prints, per head size, the median cycles of each phase per iteration, the iteration time
 // against the tensor core's share of a tile, and how often the two consumers of an SM
-// sub-partition (warp w of each warpgroup) run their softmax at the same time.
-// Usage: ws_timeline_probe [--head-size 64|128|256 (default: all)] [--kv auto|fp8_e4m3] [--seqs N] [--len L]
+// sub-partition (warp w of each warpgroup) run their softmax at the same time. The phases of the
+// branch-free (fast) and the general (masked) steps are kept apart.
+// Variants (the kernel's probe-only policies, paged_attention_ws.cuh): duo (the shipped schedule),
+// solo (consumer 1 computes nothing: the softmax without the other consumer on its sub-partition),
+// turns1 / turns2 (the consumers take turns to issue their wgmma groups, passing the turn once
+// issued / once S has landed), under-s (the fast step's O rescale between the issues of S_{t+1}
+// and P_t . V_t). Each also prints the launch time with the recorder in.
+// Usage: ws_timeline_probe [--head-size 64|128|256 (default: all)] [--kv auto|fp8_e4m3]
+//        [--variant duo|solo|turns1|turns2|under-s|all (default: duo)] [--seqs N] [--len L]
 // Hopper only (sm_90a); the shipped kernel's trace (WsNoTrace) compiles to nothing.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -30,19 +37,39 @@ namespace ws_probe {
 
 constexpr int kMaxIters = 48;      // iterations recorded per consumer warp
 constexpr int kConsumerWarps = 8;  // 2 warpgroups x 4 warps
+constexpr int kSlots = pagedattn::cuda::kWsMarks + 1;  // the marks, then the step's kind (1 + general)
 
-__device__ unsigned long long* g_trace;  // (CTA, consumer warp, iteration, mark) SM clocks
+__device__ unsigned long long* g_trace;  // (CTA, consumer warp, iteration, slot) SM clocks / kind
 
 struct ClockTrace {
   int iter = 0;
+  __device__ __forceinline__ unsigned long long* slot(int s) {
+    const int warp = (threadIdx.x >> 5) - 4;  // consumer warps 0..7
+    return g_trace + ((static_cast<size_t>(blockIdx.x) * kConsumerWarps + warp) * kMaxIters + iter) * kSlots + s;
+  }
   __device__ __forceinline__ void mark(int event) {
     if (iter >= kMaxIters || (threadIdx.x & 31) != 0) return;
-    const int warp = (threadIdx.x >> 5) - 4;  // consumer warps 0..7
     unsigned long long t;
     asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
-    g_trace[((static_cast<size_t>(blockIdx.x) * kConsumerWarps + warp) * kMaxIters + iter) * pagedattn::cuda::kWsMarks + event] = t;
+    *slot(event) = t;
+  }
+  __device__ __forceinline__ void kind(int general) {
+    if (iter < kMaxIters && (threadIdx.x & 31) == 0) *slot(pagedattn::cuda::kWsMarks) = 1 + general;
   }
   __device__ __forceinline__ void next() { ++iter; }
+};
+// The kernel's probe policies (paged_attention_ws.cuh: ws_trace_solo, ws_trace_turns).
+struct SoloTrace : ClockTrace {
+  static constexpr bool kSoloConsumer = true;
+};
+struct Turns1Trace : ClockTrace {
+  static constexpr int kTurns = 1;
+};
+struct Turns2Trace : ClockTrace {
+  static constexpr int kTurns = 2;
+};
+struct UnderSTrace : ClockTrace {
+  static constexpr bool kRescaleUnderS = true;
 };
 
 }  // namespace ws_probe
@@ -59,8 +86,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-template <int D, bool kFp8>
-void probe(int seqs, int len) {
+template <int D, bool kFp8, class Tr>
+void probe(int seqs, int len, const char* variant) {
   using W = WsTraits<D, kFp8>;
   const int hq = 32, hkv = 8, bs = 16;
   const DType cache_dtype = kFp8 ? DType::fp8_e4m3 : DType::bf16;
@@ -119,15 +146,31 @@ void probe(int seqs, int len) {
       dynamic_cast<const CudaAttentionImpl&>(*impl).kernel_params(scales, query, {}, {}, cache, *plan, output, {}, {});
 
   const int grid = md.attention_grid;
-  const size_t entries = size_t(grid) * kConsumerWarps * kMaxIters * kWsMarks;
+  const size_t entries = size_t(grid) * kConsumerWarps * kMaxIters * kSlots;
   unsigned long long* trace = nullptr;
   BENCH_CUDA(cudaMalloc(&trace, entries * sizeof(unsigned long long)));
   BENCH_CUDA(cudaMemset(trace, 0, entries * sizeof(unsigned long long)));
   BENCH_CUDA(cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace)));
-  auto kernel = paged_attention_ws_kernel<D, __nv_bfloat16, kFp8, false, ClockTrace>;
+  auto kernel = paged_attention_ws_kernel<D, __nv_bfloat16, kFp8, false, Tr>;
   BENCH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, W::kSmemBytes));
   kernel<<<grid, W::kThreads, W::kSmemBytes>>>(p);  // warm
   BENCH_CUDA(cudaDeviceSynchronize());
+  // The launch's time with the recorder in (medians of 7; the stamps cost a little).
+  std::vector<double> ms;
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  for (int r = 0; r < 7; ++r) {
+    BENCH_CUDA(cudaEventRecord(e0));
+    kernel<<<grid, W::kThreads, W::kSmemBytes>>>(p);
+    BENCH_CUDA(cudaEventRecord(e1));
+    BENCH_CUDA(cudaEventSynchronize(e1));
+    float t = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
   BENCH_CUDA(cudaMemset(trace, 0, entries * sizeof(unsigned long long)));
   kernel<<<grid, W::kThreads, W::kSmemBytes>>>(p);
   BENCH_CUDA(cudaDeviceSynchronize());
@@ -136,23 +179,30 @@ void probe(int seqs, int len) {
   cudaFree(trace);
 
   // Phases of an iteration i of a warp: [start, landed) wait for K/V, [landed, issued) issue,
-  // [issued, scores) S wait, [scores, softmax) softmax, [softmax, pv) P.V wait, [pv, next start)
-  // pack + loop. Iterations whose next start is missing (an item's last) drop the last phase.
-  const char* names[] = {"K/V wait", "issue", "S wait", "softmax", "P.V wait", "pack+loop", "iteration"};
-  std::vector<double> phase[7];
+  // [issued, scores) S wait, [scores, softmax) softmax, [softmax, pv) P.V wait, [pv, packed)
+  // rescale and pack, then a masked tile's NaN isolation: [packed, scan landed) its V wait,
+  // [scan landed, scanned) the scan and its vote, [scanned, end) the fix-up; [end, next start)
+  // loop. Iterations whose next start is missing (an item's last) drop the last phase; so does an
+  // item's last step, whose next start is the next item's (the epilogue between). Kept apart by
+  // the step's kind: the branch-free step (fast) and the general one (masks, transforms).
+  constexpr int kPhases = kWsMarks + 1;
+  const char* names[kPhases] = {"K/V wait", "issue",       "S wait", "softmax", "P.V wait", "pack",
+                                "scan V wait", "scan+vote", "fix-up",  "loop",    "iteration"};
+  std::vector<double> phase[2][kPhases];
   double both_softmax = 0, any_softmax = 0;
-  auto at = [&](int cta, int w, int i, int e) { return h[((size_t(cta) * kConsumerWarps + w) * kMaxIters + i) * kWsMarks + e]; };
+  auto at = [&](int cta, int w, int i, int e) { return h[((size_t(cta) * kConsumerWarps + w) * kMaxIters + i) * kSlots + e]; };
   for (int cta = 0; cta < grid; ++cta) {
     for (int w = 0; w < kConsumerWarps; ++w) {
       for (int i = 0; i < kMaxIters; ++i) {
-        if (at(cta, w, i, kWsMarkPv) == 0) break;
-        for (int e = 0; e + 1 < kWsMarks; ++e) phase[e].push_back(double(at(cta, w, i, e + 1)) - double(at(cta, w, i, e)));
+        if (at(cta, w, i, kWsMarkEnd) == 0) break;
+        const int kind = at(cta, w, i, kWsMarks) == 2 ? 1 : 0;
+        for (int e = 0; e + 1 < kWsMarks; ++e) phase[kind][e].push_back(double(at(cta, w, i, e + 1)) - double(at(cta, w, i, e)));
         if (i + 1 < kMaxIters && at(cta, w, i + 1, kWsMarkStart) != 0) {
           const double next = double(at(cta, w, i + 1, kWsMarkStart));
-          const double gap = next - double(at(cta, w, i, kWsMarkPv));
-          if (gap < 20000) {  // the same item (not the epilogue and the next item's prologue)
-            phase[5].push_back(gap);
-            phase[6].push_back(next - double(at(cta, w, i, kWsMarkStart)));
+          const double gap = next - double(at(cta, w, i, kWsMarkEnd));
+          if (gap < 2000) {  // the same item (not the epilogue and the next item's prologue)
+            phase[kind][kWsMarks - 1].push_back(gap);
+            phase[kind][kWsMarks].push_back(next - double(at(cta, w, i, kWsMarkStart)));
           }
         }
       }
@@ -186,19 +236,30 @@ void probe(int seqs, int len) {
   // Tensor-core share of one tile per consumer: its S and P.V wgmma (both warpgroups' work per
   // tile is twice this), at 1024 dense bf16 (2048 fp8) FLOP per clock per SM sub-partition.
   const double tc_per_consumer = 2.0 * 2 * 64 * W::kKeys * D / (kFp8 ? 8192.0 : 4096.0);
-  std::printf("d %d, %s cache, %d x %d causal, grid %d: medians over %zu iterations (SM clocks)\n", D,
-              kFp8 ? "fp8 e4m3" : "bf16", seqs, len, grid, phase[0].size());
-  for (int e = 0; e < 7; ++e) std::printf("  %-10s %8.0f\n", names[e], median(phase[e]));
+  std::printf("d %d, %s cache, %d x %d causal, grid %d, variant %s: launch %.4f ms (median of 7, recorder in); "
+              "medians over %zu fast / %zu general iterations (SM clocks)\n",
+              D, kFp8 ? "fp8 e4m3" : "bf16", seqs, len, grid, variant, median(ms), phase[0][0].size(), phase[1][0].size());
+  std::printf("  %-12s %8s %8s\n", "phase", "fast", "general");
+  for (int e = 0; e < kPhases; ++e) std::printf("  %-12s %8.0f %8.0f\n", names[e], median(phase[0][e]), median(phase[1][e]));
   std::printf("  tensor core per tile: %.0f a consumer, %.0f both\n", tc_per_consumer, 2 * tc_per_consumer);
   std::printf("  both consumers of a sub-partition in softmax: %.0f%% of the time either is\n",
               any_softmax > 0 ? 100.0 * both_softmax / any_softmax : 0.0);
 }
 
+template <int D, bool kFp8>
+void probe_variants(const std::string& variant, int seqs, int len) {
+  if (variant == "all" || variant == "duo") probe<D, kFp8, ClockTrace>(seqs, len, "duo");
+  if (variant == "all" || variant == "solo") probe<D, kFp8, SoloTrace>(seqs, len, "solo (consumer 1 idle)");
+  if (variant == "all" || variant == "turns1") probe<D, kFp8, Turns1Trace>(seqs, len, "turns1 (passed at issue)");
+  if (variant == "all" || variant == "turns2") probe<D, kFp8, Turns2Trace>(seqs, len, "turns2 (passed at S landed)");
+  if (variant == "all" || variant == "under-s") probe<D, kFp8, UnderSTrace>(seqs, len, "under-s (O rescaled under S)");
+}
+
 template <int D>
-void probe_cache(bool fp8, int seqs, int len) {
-  if (!fp8) return probe<D, false>(seqs, len);
+void probe_cache(bool fp8, const std::string& variant, int seqs, int len) {
+  if (!fp8) return probe_variants<D, false>(variant, seqs, len);
   if constexpr (WsTraits<D, true>::kSupported) {
-    probe<D, true>(seqs, len);
+    probe_variants<D, true>(variant, seqs, len);
   } else {
     std::printf("d %d: the warp-specialized kernel has no fp8 instance\n", D);
   }
@@ -209,23 +270,26 @@ void probe_cache(bool fp8, int seqs, int len) {
 int main(int argc, char** argv) {
   int head_size = 0, seqs = 4, len = 4096;
   bool fp8 = false;
+  std::string variant = "duo";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--head-size" && i + 1 < argc) {
       head_size = std::atoi(argv[++i]);
     } else if (a == "--kv" && i + 1 < argc && (std::string(argv[i + 1]) == "auto" || std::string(argv[i + 1]) == "fp8_e4m3")) {
       fp8 = std::string(argv[++i]) == "fp8_e4m3";
+    } else if (a == "--variant" && i + 1 < argc) {
+      variant = argv[++i];
     } else if (a == "--seqs" && i + 1 < argc) {
       seqs = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--len" && i + 1 < argc) {
       len = std::max(256, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--head-size 64|128|256] [--kv auto|fp8_e4m3] [--seqs N] [--len L]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--head-size 64|128|256] [--kv auto|fp8_e4m3] [--variant duo|solo|turns1|turns2|under-s|all] [--seqs N] [--len L]\n", argv[0]);
       return 2;
     }
   }
-  if (head_size == 0 || head_size == 64) probe_cache<64>(fp8, seqs, len);
-  if (head_size == 0 || head_size == 128) probe_cache<128>(fp8, seqs, len);
-  if (head_size == 0 || head_size == 256) probe_cache<256>(fp8, seqs, len);
+  if (head_size == 0 || head_size == 64) probe_cache<64>(fp8, variant, seqs, len);
+  if (head_size == 0 || head_size == 128) probe_cache<128>(fp8, variant, seqs, len);
+  if (head_size == 0 || head_size == 256) probe_cache<256>(fp8, variant, seqs, len);
   return 0;
 }

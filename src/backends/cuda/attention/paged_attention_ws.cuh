@@ -84,11 +84,45 @@ namespace pagedattn::cuda {
 // (bench/ws_timeline_probe.cu): Trace::mark(event) at the start of an iteration, when its K (and
 // V) tiles have landed, when both wgmma groups are issued, when S_{t+1} has landed, after the
 // softmax, and when P_t . V_t is done. The shipped kernel's WsNoTrace compiles to nothing.
-enum WsMark : int { kWsMarkStart, kWsMarkLanded, kWsMarkIssued, kWsMarkScores, kWsMarkSoftmax, kWsMarkPv, kWsMarks };
+// In the general step also: P packed, the masked tile's V landed for its scan, the scan's vote done.
+enum WsMark : int {
+  kWsMarkStart,
+  kWsMarkLanded,
+  kWsMarkIssued,
+  kWsMarkScores,
+  kWsMarkSoftmax,
+  kWsMarkPv,
+  kWsMarkPacked,
+  kWsMarkScanLanded,
+  kWsMarkScanned,
+  kWsMarkEnd,
+  kWsMarks
+};
 struct WsNoTrace {
   __device__ __forceinline__ void mark(int /*event*/) {}
+  __device__ __forceinline__ void kind(int /*general*/) {}
   __device__ __forceinline__ void next() {}
 };
+// Probe-only policies a Trace may declare (none in WsNoTrace): kSoloConsumer, consumer 1 computes
+// no prefill tile (it waits for and releases each); kTurns, the consumers take turns to issue
+// their prefill wgmma groups (1: the turn passes once issued, FlashAttention-3's scheduler barrier;
+// 2: once the group's S has landed); kRescaleUnderS, the fast step's O rescale moves from after
+// the softmax to between the issues of S_{t+1} and P_t . V_t (FlashAttention-3's place for it).
+template <class Trace>
+__device__ constexpr bool ws_trace_solo() {
+  if constexpr (requires { Trace::kSoloConsumer; }) return Trace::kSoloConsumer;
+  return false;
+}
+template <class Trace>
+__device__ constexpr bool ws_trace_rescale_under_s() {
+  if constexpr (requires { Trace::kRescaleUnderS; }) return Trace::kRescaleUnderS;
+  return false;
+}
+template <class Trace>
+__device__ constexpr int ws_trace_turns() {
+  if constexpr (requires { Trace::kTurns; }) return Trace::kTurns;
+  return 0;
+}
 
 // Consumer: one item's 64 rows of this warpgroup (wg = 0 or 1: rows 64 wg ..; decode-path items:
 // rows 0.. and every other tile, merged into consumer 1), then its output.
@@ -115,7 +149,20 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   const int first_row = decode ? 0 : 64 * wg;
   const int last_row = min(first_row + 63, ctx.item.num_rows - 1);
   const int block_hi = first_row < ctx.item.num_rows ? make_row_range(p, ctx, last_row).hi : -1;
-  const int active = block_hi < tiles.base ? 0 : min(tiles.count, (block_hi - tiles.base) / W::kKeys + 1);
+  const int active = (ws_trace_solo<Trace>() && wg == 1 && !decode) || block_hi < tiles.base
+                         ? 0
+                         : min(tiles.count, (block_hi - tiles.base) / W::kKeys + 1);
+  constexpr int kTurns = ws_trace_turns<Trace>();
+  auto turn_begin = [&] {
+    if constexpr (kTurns != 0) {
+      if (!decode) named_barrier::sync<256>(6 + wg);
+    }
+  };
+  auto turn_end = [&] {
+    if constexpr (kTurns != 0) {
+      if (!decode) named_barrier::arrive<256>(6 + (1 - wg));
+    }
+  };
   const bool warp_live = first_row + 16 * warp < ctx.item.num_rows;
   // Decode items: consumer 1 writes the rows when both computed tiles (merged), else consumer 0;
   // the writer's state holds the sink.
@@ -326,10 +373,17 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   // (then its V is waited for and scanned).
   auto isolate = [&](const RingPos& at, int t) {
     const int key0 = tiles.base + t * W::kKeys;
-    if (!tile_masked(ctx, key0, W::kKeys)) return;
+    if (!tile_masked(ctx, key0, W::kKeys)) {
+      trace.mark(kWsMarkScanLanded);
+      trace.mark(kWsMarkScanned);
+      return;
+    }
     sync.wait_v_landed(at.stage, at.phase);
+    trace.mark(kWsMarkScanLanded);
     const Scan sc = scan_of(at.stage, key0);
-    if (!poisoned(sc)) return;
+    const bool any = poisoned(sc);
+    trace.mark(kWsMarkScanned);
+    if (!any) return;
     const bool shared = other_computes(t);
     if (warp_live) {
       add_nonfinite_values<D / 8>(o, sc.keys, key0, sees, [&](int key, int dim) { return v_value(sc.v, key, dim); });
@@ -399,8 +453,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       __syncwarp();
       wgmma::fence_async_smem();
       wgmma::fence();
+      turn_begin();
       issue_s(ring.stage);
       wgmma::wait<0>();
+      turn_end();
       wgmma::reg_fence(s);
       sync.release_k(ring.stage);  // K_0 read
       if (active == 1) release_q();  // the only S: Q may be refilled
@@ -417,6 +473,12 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     // rescaled unconditionally, and the compiler interleaves the exponentials with the wait for
     // P_t . V_t, the rescale and the packing of P (FlashAttention-3's loop body). Other tiles take the
     // general order (masks, transforms, warps without rows skip their softmax, rescale when needed).
+    // Probe policy kRescaleUnderS: O's correction for the maximum of the last P packed (P_t) is
+    // owed until the issue of P_t . V_t and applied after the issue of S_{t+1}, while the tensor
+    // core runs it (a vote's branch keeps ptxas from hoisting it above that issue). A masked
+    // tile's NaN isolation adds to O at P_{t+1}'s scale, so the general step rescales at its end.
+    constexpr bool kUnderS = ws_trace_rescale_under_s<Trace>();
+    float owed0 = 1.f, owed1 = 1.f;
     auto pipelined_step = [&](int t, auto fast_tag) {
       constexpr bool kFast = decltype(fast_tag)::value;
       RingPos nxt = ring;
@@ -430,12 +492,21 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       wgmma::reg_fence(o);
       wgmma::fence();
+      turn_begin();
       issue_s(nxt.stage);
+      if constexpr (kUnderS) {
+        rescale_o(o, owed0, owed1);
+        wgmma::reg_fence(o);
+        wgmma::fence();
+      }
       issue_o(ring.stage);
+      if constexpr (kTurns == 1) turn_end();
       trace.mark(kWsMarkIssued);
       wgmma::wait<1>();  // S_{t+1} landed; P_t . V_t may still run
+      if constexpr (kTurns == 2) turn_end();
       wgmma::reg_fence(s);
       trace.mark(kWsMarkScores);
+      trace.kind(kFast ? 0 : 1);
       sync.release_k(nxt.stage);  // K_{t+1} read
       if (t + 2 == active) release_q();  // that was the last S: Q may be refilled
       float c0 = 1.f, c1 = 1.f;
@@ -455,15 +526,25 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(o);
       wgmma::reg_fence(pa);
       trace.mark(kWsMarkPv);
-      trace.next();
       sync.release_v(ring.stage);  // V_t read (the whole stage t unless split)
-      if constexpr (kFast) {
+      if constexpr (kFast && kUnderS) {
+        owed0 = c0, owed1 = c1;
+      } else if constexpr (kFast) {
         rescale_o_always(o, c0, c1);
       } else {
         rescale_o(o, c0, c1);
+        owed0 = owed1 = 1.f;
       }
       pack();
-      if constexpr (!kFast) isolate(nxt, t + 1);  // (the fast step's tile t + 1 is unmasked)
+      trace.mark(kWsMarkPacked);
+      if constexpr (!kFast) {
+        isolate(nxt, t + 1);  // (the fast step's tile t + 1 is unmasked)
+      } else {
+        trace.mark(kWsMarkScanLanded);
+        trace.mark(kWsMarkScanned);
+      }
+      trace.mark(kWsMarkEnd);
+      trace.next();
       ring = nxt;
     };
   #pragma unroll 1
@@ -477,7 +558,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     }
     if (active > 0) {  // the last computed tile: P . V alone
       sync.wait_v(ring.stage, ring.phase);
+      if constexpr (kUnderS) rescale_o_always(o, owed0, owed1);
+      turn_begin();
       pv_now(ring.stage);
+      turn_end();
       sync.release_v(ring.stage);
       ring.template advance<W::kStages>();
     }
@@ -489,6 +573,22 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     ring.template advance<W::kStages>();
   }
   if (active == 0) release_q();  // no S read Q
+  if constexpr (kTurns != 0) {  // as many turns as the other consumer: active + 1 each (0 if none)
+    if (!decode) {
+      const int other_first = 64 * (1 - wg);
+      int other_active = 0;
+      if (other_first < ctx.item.num_rows && !(ws_trace_solo<Trace>() && wg == 0)) {
+        const int hi = make_row_range(p, ctx, min(other_first + 63, ctx.item.num_rows - 1)).hi;
+        other_active = hi < tiles.base ? 0 : min(tiles.count, (hi - tiles.base) / W::kKeys + 1);
+      }
+      const int own_turns = active > 0 ? active + 1 : 0;
+      const int other_turns = other_active > 0 ? other_active + 1 : 0;
+      for (int k = own_turns; k < other_turns; ++k) {
+        turn_begin();
+        turn_end();
+      }
+    }
+  }
 
   // Decode items: consumer 0 leaves its state (O, m, l of every thread) in the K/V tile of its
   // last stage, consumer 1 merges it into its own and releases that stage. kMergePasses = 2 (D =
@@ -660,6 +760,9 @@ __global__ void __launch_bounds__(WsTraits<D, kFp8>::kThreads, 1)
     warpgroup_regs_inc<W::kConsumerRegs>();
     RingPos ring;
     Trace trace{};
+    if constexpr (ws_trace_turns<Trace>() != 0) {
+      if (role == 2) named_barrier::arrive<256>(6);  // consumer 0 takes the first turn
+    }
     ws_for_each_item(p, [&](int i, int n) {
       const ItemContext ctx = make_item_context(p, p.items[i]);
       ws_consume_item<D, T, kFp8, kE5m2, Trace>(p, ctx, smem, bars, ring, n % W::kQBuffers, (n / W::kQBuffers) & 1,
