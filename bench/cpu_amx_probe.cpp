@@ -11,18 +11,18 @@
 // steady figures moved 3-4x between runs (the tile unit's rate is what the host leaves, as
 // Peak/amx_bf16 moves), so compare rows of one run only (docs/perf/cpu.md, "AMX prefill
 // (2026-12-06, session 24, issue 22)").
-// Build: PAGEDATTN_BUILD_BENCH=ON on x86-64; run on a CPU with AMX-BF16 (Linux grants the tile
-// state with arch_prctl; elsewhere it prints that and exits).
-#include <cpuid.h>
+// Build: PAGEDATTN_BUILD_BENCH=ON on x86-64; run on a CPU with AMX-BF16 (the backend's
+// cpu::isa_supported checks CPUID and obtains the tile state from Linux; elsewhere it prints that
+// and exits).
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <x86intrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include "backends/cpu/cpu_kernels.h"
 
 namespace {
 
@@ -115,10 +115,7 @@ double cycles_per_block(F f, int rows, int gap) {
 }  // namespace
 
 int main() {
-  unsigned eax, ebx, ecx, edx;
-  __cpuid_count(7, 0, eax, ebx, ecx, edx);
-  const bool amx = (edx >> 22 & 1) && (edx >> 24 & 1);  // AMX-BF16, AMX-TILE
-  if (!amx || syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) {
+  if (!pagedattn::cpu::isa_supported(pagedattn::cpu::Isa::amx)) {
     std::printf("cpu_amx_probe: no AMX-BF16 tiles here\n");
     return 0;
   }

@@ -10,7 +10,7 @@
 
 #include <immintrin.h>
 
-#include "cpu_attention_tile.h"
+#include "cpu_f32_ops.h"
 
 namespace pagedattn::cpu {
 namespace {

@@ -12,7 +12,7 @@
 
 #include <immintrin.h>
 
-#include "cpu_attention_tile.h"
+#include "cpu_f32_ops.h"
 
 // GCC 12's avx512fintrin.h starts unpack / shuffle / permute / min / max from `__m512 __Y = __Y`
 // (undefined); once those are inlined into a header's templates it reports a false

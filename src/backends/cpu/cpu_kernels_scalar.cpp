@@ -5,7 +5,7 @@
 // one rounding at the output.
 #include <cmath>
 
-#include "backends/cpu/cpu_attention_tile.h"
+#include "backends/cpu/cpu_f32_ops.h"
 
 namespace pagedattn::cpu {
 namespace {

@@ -145,13 +145,12 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   char* stages = smem + W::kStagesOffset;
 
   // Tiles this warpgroup computes: a prefix (visibility is monotone in the row position; the
-  // last live row of the 64 sees the most).
+  // last live row of the 64 sees the most). tiles_upto: the tiles up to a consumer's last key.
+  auto tiles_upto = [&](int hi) { return hi < tiles.base ? 0 : min(tiles.count, (hi - tiles.base) / W::kKeys + 1); };
   const int first_row = decode ? 0 : 64 * wg;
   const int last_row = min(first_row + 63, ctx.item.num_rows - 1);
   const int block_hi = first_row < ctx.item.num_rows ? make_row_range(p, ctx, last_row).hi : -1;
-  const int active = (ws_trace_solo<Trace>() && wg == 1 && !decode) || block_hi < tiles.base
-                         ? 0
-                         : min(tiles.count, (block_hi - tiles.base) / W::kKeys + 1);
+  const int active = ws_trace_solo<Trace>() && wg == 1 && !decode ? 0 : tiles_upto(block_hi);
   constexpr int kTurns = ws_trace_turns<Trace>();
   auto turn_begin = [&] {
     if constexpr (kTurns != 0) {
@@ -361,23 +360,23 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       return [&, v, row](int dim) { return v_value(v, row, dim); };
     });
   };
-  // Whether the other consumer computes prefill tile t too (its rows see some key of it).
+  // The other consumer's last key (its rows' ranges), and whether it computes prefill tile t too.
+  const int other_first = 64 * (1 - wg);
+  auto other_hi = [&] { return make_row_range(p, ctx, min(other_first + 63, ctx.item.num_rows - 1)).hi; };
   auto other_computes = [&](int t) {
-    const int other_first = 64 * (1 - wg);
     if (other_first >= ctx.item.num_rows) return false;
-    const int other_hi = make_row_range(p, ctx, min(other_first + 63, ctx.item.num_rows - 1)).hi;
-    return tiles.base + t * W::kKeys <= other_hi;
+    return tiles.base + t * W::kKeys <= other_hi();
   };
 
+  auto mark_no_scan = [&] {  // (the probe's scan marks where nothing is scanned)
+    trace.mark(kWsMarkScanLanded);
+    trace.mark(kWsMarkScanned);
+  };
   // Tile t of the item (its K/V in stage `at`), after its softmax: nothing unless it is masked
   // (then its V is waited for and scanned).
   auto isolate = [&](const RingPos& at, int t) {
     const int key0 = tiles.base + t * W::kKeys;
-    if (!tile_masked(ctx, key0, W::kKeys)) {
-      trace.mark(kWsMarkScanLanded);
-      trace.mark(kWsMarkScanned);
-      return;
-    }
+    if (!tile_masked(ctx, key0, W::kKeys)) return mark_no_scan();
     sync.wait_v_landed(at.stage, at.phase);
     trace.mark(kWsMarkScanLanded);
     const Scan sc = scan_of(at.stage, key0);
@@ -540,8 +539,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       if constexpr (!kFast) {
         isolate(nxt, t + 1);  // (the fast step's tile t + 1 is unmasked)
       } else {
-        trace.mark(kWsMarkScanLanded);
-        trace.mark(kWsMarkScanned);
+        mark_no_scan();
       }
       trace.mark(kWsMarkEnd);
       trace.next();
@@ -575,12 +573,8 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
   if (active == 0) release_q();  // no S read Q
   if constexpr (kTurns != 0) {  // as many turns as the other consumer: active + 1 each (0 if none)
     if (!decode) {
-      const int other_first = 64 * (1 - wg);
-      int other_active = 0;
-      if (other_first < ctx.item.num_rows && !(ws_trace_solo<Trace>() && wg == 0)) {
-        const int hi = make_row_range(p, ctx, min(other_first + 63, ctx.item.num_rows - 1)).hi;
-        other_active = hi < tiles.base ? 0 : min(tiles.count, (hi - tiles.base) / W::kKeys + 1);
-      }
+      const bool other_idle = (ws_trace_solo<Trace>() && wg == 0) || other_first >= ctx.item.num_rows;
+      const int other_active = other_idle ? 0 : tiles_upto(other_hi());
       const int own_turns = active > 0 ? active + 1 : 0;
       const int other_turns = other_active > 0 ? other_active + 1 : 0;
       for (int k = own_turns; k < other_turns; ++k) {
