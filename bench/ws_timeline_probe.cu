@@ -11,10 +11,12 @@
 // Variants (the kernel's probe-only policies, paged_attention_ws.cuh): duo (the shipped schedule),
 // solo (consumer 1 computes nothing: the softmax without the other consumer on its sub-partition),
 // turns1 / turns2 (the consumers take turns to issue their wgmma groups, passing the turn once
-// issued / once S has landed), under-s (the fast step's O rescale between the issues of S_{t+1}
-// and P_t . V_t). Each also prints the launch time with the recorder in.
+// issued / once S has landed), warp-scan (a masked tile's NaN-isolation scan by each warp over
+// all its chunks, voted within the warp: no warpgroup barrier). Each also prints the launch time
+// with the recorder in, and for masked steps how far apart the 4 warps of a consumer reach the
+// scan (the warpgroup vote's wait) and the time from the last one's arrival to the first exit.
 // Usage: ws_timeline_probe [--head-size 64|128|256 (default: all)] [--kv auto|fp8_e4m3]
-//        [--variant duo|solo|turns1|turns2|under-s|all (default: duo)] [--seqs N] [--len L]
+//        [--variant duo|solo|turns1|turns2|warp-scan|all (default: duo)] [--seqs N] [--len L]
 // Hopper only (sm_90a); the shipped kernel's trace (WsNoTrace) compiles to nothing. The recorder
 // and the measurement: ws_timeline_probe.cuh; each variant's kernels: ws_timeline_probe_<variant>.cu.
 #include <algorithm>
@@ -47,7 +49,7 @@ int main(int argc, char** argv) {
     } else if (a == "--len" && i + 1 < argc) {
       len = std::max(256, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--head-size 64|128|256] [--kv auto|fp8_e4m3] [--variant duo|solo|turns1|turns2|under-s|all] [--seqs N] [--len L]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--head-size 64|128|256] [--kv auto|fp8_e4m3] [--variant duo|solo|turns1|turns2|warp-scan|all] [--seqs N] [--len L]\n", argv[0]);
       return 2;
     }
   }
@@ -58,11 +60,11 @@ int main(int argc, char** argv) {
                   {"solo", run_solo},
                   {"turns1", run_turns1},
                   {"turns2", run_turns2},
-                  {"under-s", run_under_s}};
+                  {"warp-scan", run_warp_scan}};
   bool known = variant == "all";
   for (const auto& v : variants) known = known || variant == v.name;
   if (!known) {
-    std::fprintf(stderr, "--variant %s: expected duo, solo, turns1, turns2, under-s or all\n", variant.c_str());
+    std::fprintf(stderr, "--variant %s: expected duo, solo, turns1, turns2, warp-scan or all\n", variant.c_str());
     return 2;
   }
   for (int d : {64, 128, 256}) {

@@ -57,8 +57,8 @@ struct Turns1Trace : ClockTrace {
 struct Turns2Trace : ClockTrace {
   static constexpr int kTurns = 2;
 };
-struct UnderSTrace : ClockTrace {
-  static constexpr bool kRescaleUnderS = true;
+struct WarpScanTrace : ClockTrace {
+  static constexpr bool kWarpScan = true;
 };
 
 using namespace pagedattn;
@@ -217,6 +217,30 @@ void probe(int seqs, int len, const char* variant) {
       any_softmax += either - both;
     }
   }
+  // Masked steps that scanned (the scan marks apart), per consumer (4 warps, same iteration):
+  // arrival spread = last warp's scan start - first warp's (what a warpgroup vote waits for),
+  // scan = first exit - last arrival (the scan and its vote alone), against the spread of the same
+  // warps' S landed (the skew they carry into the step).
+  std::vector<double> arrive_spread, scan_alone, scores_spread;
+  for (int cta = 0; cta < grid; ++cta) {
+    for (int g = 0; g < 2; ++g) {
+      for (int i = 0; i < kMaxIters; ++i) {
+        double a_lo = 1e300, a_hi = 0, x_lo = 1e300, s_lo = 1e300, s_hi = 0;
+        bool all = true;
+        for (int w = 4 * g; w < 4 * g + 4 && all; ++w) {
+          const double a = double(at(cta, w, i, kWsMarkScanLanded)), x = double(at(cta, w, i, kWsMarkScanned));
+          const double sc = double(at(cta, w, i, kWsMarkScores));
+          all = at(cta, w, i, kWsMarkEnd) != 0 && at(cta, w, i, kWsMarks) == 2 && x - a > 32 && sc > 0;  // (no-scan marks: back to back)
+          a_lo = std::min(a_lo, a), a_hi = std::max(a_hi, a), x_lo = std::min(x_lo, x);
+          s_lo = std::min(s_lo, sc), s_hi = std::max(s_hi, sc);
+        }
+        if (!all) continue;
+        arrive_spread.push_back(a_hi - a_lo);
+        scan_alone.push_back(x_lo - a_hi);
+        scores_spread.push_back(s_hi - s_lo);
+      }
+    }
+  }
   // Tensor-core share of one tile per consumer: its S and P.V wgmma (both warpgroups' work per
   // tile is twice this), at 1024 dense bf16 (2048 fp8) FLOP per clock per SM sub-partition.
   const double tc_per_consumer = 2.0 * 2 * 64 * W::kKeys * D / (kFp8 ? 8192.0 : 4096.0);
@@ -226,6 +250,11 @@ void probe(int seqs, int len, const char* variant) {
   std::printf("  %-12s %8s %8s\n", "phase", "fast", "general");
   for (int e = 0; e < kPhases; ++e) std::printf("  %-12s %8.0f %8.0f\n", names[e], median(phase[0][e]), median(phase[1][e]));
   std::printf("  tensor core per tile: %.0f a consumer, %.0f both\n", tc_per_consumer, 2 * tc_per_consumer);
+  if (!scan_alone.empty()) {
+    std::printf("  masked steps (%zu, a consumer's 4 warps): scan start spread %.0f, last arrival to first exit %.0f, "
+                "S landed spread %.0f\n",
+                scan_alone.size(), median(arrive_spread), median(scan_alone), median(scores_spread));
+  }
   std::printf("  both consumers of a sub-partition in softmax: %.0f%% of the time either is\n",
               any_softmax > 0 ? 100.0 * both_softmax / any_softmax : 0.0);
 }
@@ -255,6 +284,6 @@ void run_duo(int head_size, bool fp8, int seqs, int len);
 void run_solo(int head_size, bool fp8, int seqs, int len);
 void run_turns1(int head_size, bool fp8, int seqs, int len);
 void run_turns2(int head_size, bool fp8, int seqs, int len);
-void run_under_s(int head_size, bool fp8, int seqs, int len);
+void run_warp_scan(int head_size, bool fp8, int seqs, int len);
 
 }  // namespace ws_probe

@@ -106,16 +106,17 @@ struct WsNoTrace {
 // Probe-only policies a Trace may declare (none in WsNoTrace): kSoloConsumer, consumer 1 computes
 // no prefill tile (it waits for and releases each); kTurns, the consumers take turns to issue
 // their prefill wgmma groups (1: the turn passes once issued, FlashAttention-3's scheduler barrier;
-// 2: once the group's S has landed); kRescaleUnderS, the fast step's O rescale moves from after
-// the softmax to between the issues of S_{t+1} and P_t . V_t (FlashAttention-3's place for it).
+// 2: once the group's S has landed); kWarpScan, a prefill tile's NaN-isolation scan is done by
+// each warp over all the chunks and voted within the warp (as decode items do), no warpgroup
+// barrier.
 template <class Trace>
 __device__ constexpr bool ws_trace_solo() {
   if constexpr (requires { Trace::kSoloConsumer; }) return Trace::kSoloConsumer;
   return false;
 }
 template <class Trace>
-__device__ constexpr bool ws_trace_rescale_under_s() {
-  if constexpr (requires { Trace::kRescaleUnderS; }) return Trace::kRescaleUnderS;
+__device__ constexpr bool ws_trace_warp_scan() {
+  if constexpr (requires { Trace::kWarpScan; }) return Trace::kWarpScan;
   return false;
 }
 template <class Trace>
@@ -380,7 +381,7 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     sync.wait_v_landed(at.stage, at.phase);
     trace.mark(kWsMarkScanLanded);
     const Scan sc = scan_of(at.stage, key0);
-    const bool any = poisoned(sc);
+    const bool any = ws_trace_warp_scan<Trace>() ? poisoned_warp(sc) : poisoned(sc);
     trace.mark(kWsMarkScanned);
     if (!any) return;
     const bool shared = other_computes(t);
@@ -472,12 +473,6 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     // rescaled unconditionally, and the compiler interleaves the exponentials with the wait for
     // P_t . V_t, the rescale and the packing of P (FlashAttention-3's loop body). Other tiles take the
     // general order (masks, transforms, warps without rows skip their softmax, rescale when needed).
-    // Probe policy kRescaleUnderS: O's correction for the maximum of the last P packed (P_t) is
-    // owed until the issue of P_t . V_t and applied after the issue of S_{t+1}, while the tensor
-    // core runs it (a vote's branch keeps ptxas from hoisting it above that issue). A masked
-    // tile's NaN isolation adds to O at P_{t+1}'s scale, so the general step rescales at its end.
-    constexpr bool kUnderS = ws_trace_rescale_under_s<Trace>();
-    float owed0 = 1.f, owed1 = 1.f;
     auto pipelined_step = [&](int t, auto fast_tag) {
       constexpr bool kFast = decltype(fast_tag)::value;
       RingPos nxt = ring;
@@ -493,11 +488,6 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::fence();
       turn_begin();
       issue_s(nxt.stage);
-      if constexpr (kUnderS) {
-        rescale_o(o, owed0, owed1);
-        wgmma::reg_fence(o);
-        wgmma::fence();
-      }
       issue_o(ring.stage);
       if constexpr (kTurns == 1) turn_end();
       trace.mark(kWsMarkIssued);
@@ -526,13 +516,10 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       wgmma::reg_fence(pa);
       trace.mark(kWsMarkPv);
       sync.release_v(ring.stage);  // V_t read (the whole stage t unless split)
-      if constexpr (kFast && kUnderS) {
-        owed0 = c0, owed1 = c1;
-      } else if constexpr (kFast) {
+      if constexpr (kFast) {
         rescale_o_always(o, c0, c1);
       } else {
         rescale_o(o, c0, c1);
-        owed0 = owed1 = 1.f;
       }
       pack();
       trace.mark(kWsMarkPacked);
@@ -556,7 +543,6 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
     }
     if (active > 0) {  // the last computed tile: P . V alone
       sync.wait_v(ring.stage, ring.phase);
-      if constexpr (kUnderS) rescale_o_always(o, owed0, owed1);
       turn_begin();
       pv_now(ring.stage);
       turn_end();
