@@ -654,9 +654,26 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       if (quad_col == 0) p.partial_lse[ctx.item.partial_row + r] = lse;
     } else {
       const int64_t dst = row_token(ctx, r) * p.o_token_stride + row_head(ctx, r) * p.o_head_stride + 2 * quad_col;
+      // At D >= 128 the output dtype's branch sits outside the row's loop: inside it ptxas made
+      // each pair's store a basic block of its own, and every pair's product waited for the
+      // previous store to read the one register they shared (a long-scoreboard stall a pair). At
+      // D = 64 it if-converts the loop (predicated stores, a register each), and the split measured
+      // slower there (docs/perf/cuda.md, session 25).
+      if (D == 64) {
 #pragma unroll
-      for (int d = 0; d < D / 8; ++d) {
-        store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, fp8_out, q);
+        for (int d = 0; d < D / 8; ++d) {
+          store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, fp8_out, q);
+        }
+      } else if (fp8_out) {
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d) {
+          store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, true, q);
+        }
+      } else {
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d) {
+          store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, false, q);
+        }
       }
       if (quad_col == 0 && p.lse != nullptr) {
         p.lse[row_head(ctx, r) * p.lse_head_stride + static_cast<int64_t>(row_token(ctx, r)) * p.lse_token_stride] =
