@@ -77,6 +77,19 @@ inline void with_static_int(int n, F&& f) {
   }
 }
 
+// Calls f.template operator()<DT>() for a runtime element dtype (f32, f16, bf16, e4m3; any other
+// e5m2): the row conversions of every Ops dispatch through it.
+template <class F>
+inline void with_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::f32: f.template operator()<DType::f32>(); break;
+    case DType::f16: f.template operator()<DType::f16>(); break;
+    case DType::bf16: f.template operator()<DType::bf16>(); break;
+    case DType::fp8_e4m3: f.template operator()<DType::fp8_e4m3>(); break;
+    default: f.template operator()<DType::fp8_e5m2>(); break;
+  }
+}
+
 inline int imin(int a, int b) { return a < b ? a : b; }
 inline int imax(int a, int b) { return a > b ? a : b; }
 inline float fmax_nan_free(float a, float b) { return a > b ? a : b; }

@@ -59,13 +59,7 @@ struct Bf16Ops {
   }
 
   static void convert_row_any(uint16_t* dst, const char* src, DType dtype, int n) {
-    switch (dtype) {
-      case DType::f32: convert_row<DType::f32>(dst, src, n); break;
-      case DType::f16: convert_row<DType::f16>(dst, src, n); break;
-      case DType::bf16: convert_row<DType::bf16>(dst, src, n); break;
-      case DType::fp8_e4m3: convert_row<DType::fp8_e4m3>(dst, src, n); break;
-      default: convert_row<DType::fp8_e5m2>(dst, src, n); break;
-    }
+    with_dtype(dtype, [&]<DType DT>() { convert_row<DT>(dst, src, n); });
   }
 
   static void pack_q_row(void* q, int row, const char* src, DType dtype, int head_size) {
