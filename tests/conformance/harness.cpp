@@ -1,5 +1,6 @@
 // Conformance harness (see harness.h).
 #include "conformance/harness.h"
+#include "conformance/uniform_float.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,29 +33,36 @@ class RandomValues {
  public:
   RandomValues(uint64_t seed, Distribution distribution)
       : rng_(seed), distribution_(distribution) {}
-  float next() { return distribution_ == Distribution::uniform ? uniform_(rng_) : normal_(rng_); }
+  float next() {
+    return distribution_ == Distribution::uniform ? uniform_float(rng_, -1.f, 1.f) : normal_(rng_);
+  }
   float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng_); }
   std::mt19937_64& engine() { return rng_; }
 
  private:
   std::mt19937_64 rng_;
   Distribution distribution_;
-  std::uniform_real_distribution<float> uniform_{-1.f, 1.f};
   std::normal_distribution<float> normal_{0.f, 1.f};
 };
 
 // A contiguous host tensor of random values, rounded into `dtype`.
+// (The element loops here and in compare read the size, data pointer and strides once: asked per
+// element they cost more than the kernels under test, 5-10x more under ASan.)
 Tensor random_tensor(Shape shape, DType dtype, RandomValues& values) {
   Tensor t(shape, dtype, Device::cpu);
-  for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), dtype, i, values.next());
+  void* const data = t.data();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) store_f32(data, dtype, i, values.next());
   return t;
 }
 
 // Fills the whole storage of a dense host tensor (any stride order) with finite "stale data".
 void fill_stale(Tensor& t, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(-2.f, 2.f);
-  for (int64_t i = 0; i < t.numel(); ++i) store_f32(t.data(), t.dtype(), i, dist(rng));
+  void* const data = t.data();
+  const DType dtype = t.dtype();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; i < n; ++i) store_f32(data, dtype, i, uniform_float(rng, -2.f, 2.f));
 }
 
 Tensor f32_vector(const std::vector<float>& values) {
@@ -63,12 +71,29 @@ Tensor f32_vector(const std::vector<float>& values) {
   return t;
 }
 
-double element(const TensorView& t, std::initializer_list<int64_t> index) {
-  int64_t offset = 0;
-  int dim = 0;
-  for (int64_t i : index) offset += i * t.stride(dim++);
-  return load_f64(t.data(), t.dtype(), offset);
-}
+// Reads elements of a host view by index; the strides are read once.
+class ElementReader {
+ public:
+  explicit ElementReader(const TensorView& t) : data_(t.data()), dtype_(t.dtype()) {
+    for (int d = 0; d < t.ndim() && d < kMaxDims; ++d) strides_[d] = t.stride(d);
+  }
+  double operator()(int64_t i0, int64_t i1) const {
+    return load_f64(data_, dtype_, i0 * strides_[0] + i1 * strides_[1]);
+  }
+  double operator()(int64_t i0, int64_t i1, int64_t i2) const {
+    return load_f64(data_, dtype_, i0 * strides_[0] + i1 * strides_[1] + i2 * strides_[2]);
+  }
+  double operator()(int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) const {
+    return load_f64(data_, dtype_,
+                    i0 * strides_[0] + i1 * strides_[1] + i2 * strides_[2] + i3 * strides_[3] +
+                        i4 * strides_[4]);
+  }
+
+ private:
+  const void* data_;
+  DType dtype_;
+  int64_t strides_[kMaxDims] = {};
+};
 
 AttentionLayerParams layer_params(const AttentionBackend& backend, Device device,
                                   const CaseInputs& in) {
@@ -817,11 +842,11 @@ ConformanceResult compare(const CaseInputs& in, const BackendOutputs& out,
 
   // Output: the first num_actual_tokens rows.
   double diff2 = 0, ref2 = 0;
-  const TensorView o = out.output.view(), r = ref.output.view();
+  const ElementReader o(out.output.view()), r(ref.output.view());
   for (int64_t t = 0; t < in.num_actual_tokens; ++t) {
     for (int64_t h = 0; h < c.num_heads; ++h) {
       for (int64_t d = 0; d < c.value_head_size(); ++d) {
-        const double a = element(o, {t, h, d}), b = element(r, {t, h, d});
+        const double a = o(t, h, d), b = r(t, h, d);
         if (!std::isfinite(a)) {
           ++res.unwritten;
           continue;
@@ -836,9 +861,10 @@ ConformanceResult compare(const CaseInputs& in, const BackendOutputs& out,
   // LSE: finite entries compared; -inf must match exactly.
   if (c.return_lse) {
     double ldiff2 = 0, lref2 = 0;
+    const ElementReader ol(out.output_lse.view()), rl(ref.output_lse.view());
     for (int64_t h = 0; h < c.num_heads; ++h) {
       for (int64_t t = 0; t < in.num_actual_tokens; ++t) {
-        const double a = element(out.output_lse, {h, t}), b = element(ref.output_lse, {h, t});
+        const double a = ol(h, t), b = rl(h, t);
         if (std::isnan(a) || a == std::numeric_limits<double>::infinity()) {
           ++res.unwritten;
         } else if (std::isinf(a) || std::isinf(b)) {
@@ -857,18 +883,18 @@ ConformanceResult compare(const CaseInputs& in, const BackendOutputs& out,
   if (out.kv_cache.defined() && ref.kv_cache.defined() && out.standard_cache &&
       ref.standard_cache) {
     res.cache_compared = true;
-    const TensorView kc = out.kv_cache.view(), rc = ref.kv_cache.view();
+    const ElementReader kc(out.kv_cache.view()), rc(ref.kv_cache.view());
     const int bs = c.block_size;
     const auto check_slot = [&](int64_t slot) {
       if (slot < 0) return;
       const int64_t block = slot / bs, offset = slot % bs;
       for (int64_t g = 0; g < c.num_kv_heads; ++g) {
         for (int64_t d = 0; d < c.head_size; ++d) {
-          if (element(kc, {0, block, offset, g, d}) != element(rc, {0, block, offset, g, d}))
+          if (kc(0, block, offset, g, d) != rc(0, block, offset, g, d))
             ++res.cache_mismatches;
         }
         for (int64_t d = 0; d < c.value_head_size(); ++d) {
-          if (element(kc, {1, block, offset, g, d}) != element(rc, {1, block, offset, g, d}))
+          if (kc(1, block, offset, g, d) != rc(1, block, offset, g, d))
             ++res.cache_mismatches;
         }
       }
