@@ -1,6 +1,8 @@
 // Whether this test binary was built with AddressSanitizer (the `asan` preset of scripts/test).
 // The tests that repeat one check many times (the batch-invariance compositions, the CLI's
-// invariance checks) run fewer repetitions there: that run looks for memory errors and undefined
+// invariance checks) run fewer repetitions there, and the CPU direct decode's Llama-shape batch
+// shorter contexts (tests/cpu/test_cpu_decode.cpp, which names the cases that keep the path
+// covered): that run looks for memory errors and undefined
 // behaviour, which the first repetitions already exercise, and each costs 5-10x under ASan; the
 // Release run of the same tests keeps the full counts (the bars the issues set).
 #pragma once
