@@ -23,6 +23,8 @@
 //   every key tile, since keeping it would take 8 C tiles and S needs 4.
 //   Rows are taken 16 at a time; the rest of a run (< 16 rows: decode items, GQA tails, causal
 //   diagonal runs) and head sizes that are not multiples of 32 use the AVX-512 vdpbf16ps kernels.
+//   Whole items that take no tile (below) run the AVX-512 table's run_item, whose kernels are
+//   compiled once, in cpu_kernels_avx512.cpp (this file instantiates only AmxOps').
 //   Decode items (< 16 rows per KV head) therefore run the AVX-512 path whole: the memory-bound
 //   decode would only fill 4 of a tile's 16 rows. Head-fused decode items (all KV heads of a
 //   request, <= 128 rows) run a direct decode kernel where one applies (cpu_decode_avx512.h, or
@@ -268,25 +270,15 @@ struct AmxOps : Bf16Ops {
   }
 };
 
+// Every item but a bf16_dot item with a full tile of rows a KV head runs the AVX-512 table's
+// run_item (its kernels compiled once, in cpu_kernels_avx512.cpp): head-fused decodes (the direct
+// decode kernels, see the file comment), f32 / f16 activations, and decodes with fewer rows.
 template <class Tiles>
 void run_item_amx_impl(const AttentionArgs& args, const WorkItem& item, char* scratch) {
-  if (!args.direct_fma && direct_decode_applies(args, item)) {  // head-fused decode (see the file comment)
-    run_direct_decode<DirectAvx512>(args, item, scratch);
-    count_direct_decode_item();
-    return;
-  }
-  if (direct_decode_fma_applies(args, item)) {
-    run_direct_decode<DirectAvx512Fma>(args, item, scratch);
-    count_direct_decode_item();
-    return;
-  }
-  if (args.precision != Precision::bf16_dot) {
-    run_item_impl<F32Ops<Vec512>>(args, item, scratch);
-    return;
-  }
   const int rows_per_head = (item.tok_end - item.tok_begin) * args.group_size;
-  if (rows_per_head < kTileRows) {  // decode: no full tile of rows (see the file comment)
-    run_item_impl<Bf16Ops>(args, item, scratch);
+  const bool direct = (!args.direct_fma && direct_decode_applies(args, item)) || direct_decode_fma_applies(args, item);
+  if (direct || args.precision != Precision::bf16_dot || rows_per_head < kTileRows) {
+    avx512_kernel_table()->run_item(args, item, scratch);
     return;
   }
   Tiles::configure();
@@ -302,7 +294,7 @@ void run_item_amx_emulated(const AttentionArgs& args, const WorkItem& item, char
   run_item_amx_impl<EmulatedTiles>(args, item, scratch);
 }
 
-void merge_amx(const AttentionArgs& args, const MergeTask& task) { merge_impl<Vec512>(args, task); }
+void merge_amx(const AttentionArgs& args, const MergeTask& task) { avx512_kernel_table()->merge(args, task); }
 
 const KernelTable kAmxTable = {Isa::amx, "amx", true, &run_item_amx, &merge_amx};
 const KernelTable kAmxEmulatedTable = {Isa::amx, "amx-emulated", true, &run_item_amx_emulated,
