@@ -77,6 +77,15 @@ inline void with_static_int(int n, F&& f) {
   }
 }
 
+// Register-blocked loops: f(i, Int<N>{}) for i = begin, begin + N, .. while a whole block of N
+// fits before end, then f(i, Int<end - i>{}) for the rest (none if it is empty).
+template <int N, class F>
+inline void for_blocks(int begin, int end, F&& f) {
+  int i = begin;
+  for (; i + N <= end; i += N) f(i, Int<N>{});
+  with_static_int<N - 1>(end - i, [&](auto n) { f(i, n); });
+}
+
 // Calls f.template operator()<DT>() for a runtime element dtype (f32, f16, bf16, e4m3; any other
 // e5m2): the row conversions of every Ops dispatch through it.
 template <class F>

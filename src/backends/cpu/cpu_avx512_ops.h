@@ -174,12 +174,7 @@ struct Bf16Ops {
   static void qk(float* s, const void* q_tile, const void* k, int r0, int r1, int head_size) {
     const uint16_t* q = static_cast<const uint16_t*>(q_tile);
     const uint32_t* kp = static_cast<const uint32_t*>(k);
-    int i = r0;
-    for (; i + 6 <= r1; i += 6) {
-      qk_block<6>(s + static_cast<size_t>(i) * kKeyTile, q + static_cast<size_t>(i) * head_size,
-                  head_size, kp);
-    }
-    with_static_int<5>(r1 - i, [&](auto mr) {
+    for_blocks<6>(r0, r1, [&](int i, auto mr) {
       qk_block<decltype(mr)::value>(s + static_cast<size_t>(i) * kKeyTile,
                                     q + static_cast<size_t>(i) * head_size, head_size, kp);
     });
@@ -215,12 +210,7 @@ struct Bf16Ops {
   template <int NV>
   static void pv_columns(float* o, const uint16_t* p, const uint16_t* vp, const float* alpha,
                          int r0, int r1, int head_size_v, int d0) {
-    int i = r0;
-    for (; i + 6 <= r1; i += 6) {
-      pv_block<6, NV>(o + static_cast<size_t>(i) * head_size_v, head_size_v,
-                      p + static_cast<size_t>(i) * kKeyTile, vp, alpha + i, d0);
-    }
-    with_static_int<5>(r1 - i, [&](auto mr) {
+    for_blocks<6>(r0, r1, [&](int i, auto mr) {
       pv_block<decltype(mr)::value, NV>(o + static_cast<size_t>(i) * head_size_v, head_size_v,
                                         p + static_cast<size_t>(i) * kKeyTile, vp, alpha + i, d0);
     });
@@ -230,10 +220,7 @@ struct Bf16Ops {
                  int r1, int head_size_v) {
     const uint16_t* p = static_cast<const uint16_t*>(p_tile);
     const uint16_t* vp = static_cast<const uint16_t*>(v_tile);
-    const int vectors = head_size_v / 16;
-    int c = 0;
-    for (; c + 4 <= vectors; c += 4) pv_columns<4>(o, p, vp, alpha, r0, r1, head_size_v, 16 * c);
-    with_static_int<3>(vectors - c, [&](auto nv) {
+    for_blocks<4>(0, head_size_v / 16, [&](int c, auto nv) {
       pv_columns<decltype(nv)::value>(o, p, vp, alpha, r0, r1, head_size_v, 16 * c);
     });
   }

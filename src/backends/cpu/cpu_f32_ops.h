@@ -98,12 +98,7 @@ struct F32Ops {
     const float* q = static_cast<const float*>(q_tile);
     const float* kt = static_cast<const float*>(k);
     for (int c0 = 0; c0 < kKeyTile / W; c0 += kNC) {
-      int i = r0;
-      for (; i + kMR <= r1; i += kMR) {
-        qk_block<kMR, kNC>(s + static_cast<size_t>(i) * kKeyTile, q + static_cast<size_t>(i) * head_size,
-                           head_size, kt, c0);
-      }
-      with_static_int<kMR - 1>(r1 - i, [&](auto mr) {
+      for_blocks<kMR>(r0, r1, [&](int i, auto mr) {
         qk_block<decltype(mr)::value, kNC>(s + static_cast<size_t>(i) * kKeyTile,
                                            q + static_cast<size_t>(i) * head_size, head_size, kt, c0);
       });
@@ -135,12 +130,7 @@ struct F32Ops {
   template <int NC>
   static void pv_columns(float* o, const float* p, const float* v, const float* alpha, int r0,
                          int r1, int head_size_v, int d0) {
-    int i = r0;
-    for (; i + kMR <= r1; i += kMR) {
-      pv_block<kMR, NC>(o + static_cast<size_t>(i) * head_size_v, head_size_v,
-                        p + static_cast<size_t>(i) * kKeyTile, v, alpha + i, d0);
-    }
-    with_static_int<kMR - 1>(r1 - i, [&](auto mr) {
+    for_blocks<kMR>(r0, r1, [&](int i, auto mr) {
       pv_block<decltype(mr)::value, NC>(o + static_cast<size_t>(i) * head_size_v, head_size_v,
                                         p + static_cast<size_t>(i) * kKeyTile, v, alpha + i, d0);
     });
@@ -150,10 +140,7 @@ struct F32Ops {
                  int r1, int head_size_v) {
     const float* p = static_cast<const float*>(p_tile);
     const float* v = static_cast<const float*>(v_tile);
-    const int vectors = head_size_v / W;
-    int c = 0;
-    for (; c + kNC <= vectors; c += kNC) pv_columns<kNC>(o, p, v, alpha, r0, r1, head_size_v, c * W);
-    with_static_int<kNC - 1>(vectors - c, [&](auto nc) {
+    for_blocks<kNC>(0, head_size_v / W, [&](int c, auto nc) {
       pv_columns<decltype(nc)::value>(o, p, v, alpha, r0, r1, head_size_v, c * W);
     });
   }

@@ -659,21 +659,18 @@ __device__ void ws_consume_item(const AttentionKernelParams& p, const ItemContex
       // previous store to read the one register they shared (a long-scoreboard stall a pair). At
       // D = 64 it if-converts the loop (predicated stores, a register each), and the split measured
       // slower there (docs/perf/cuda.md, session 25).
+      auto store_row = [&](bool as_fp8) {
+#pragma unroll
+        for (int d = 0; d < D / 8; ++d) {
+          store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, as_fp8, q);
+        }
+      };
       if (D == 64) {
-#pragma unroll
-        for (int d = 0; d < D / 8; ++d) {
-          store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, fp8_out, q);
-        }
+        store_row(fp8_out);
       } else if (fp8_out) {
-#pragma unroll
-        for (int d = 0; d < D / 8; ++d) {
-          store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, true, q);
-        }
+        store_row(true);
       } else {
-#pragma unroll
-        for (int d = 0; d < D / 8; ++d) {
-          store_output2<T>(p.output, dst + d * 8, o[d][2 * e] * out_scale, o[d][2 * e + 1] * out_scale, false, q);
-        }
+        store_row(false);
       }
       if (quad_col == 0 && p.lse != nullptr) {
         p.lse[row_head(ctx, r) * p.lse_head_stride + static_cast<int64_t>(row_token(ctx, r)) * p.lse_token_stride] =
