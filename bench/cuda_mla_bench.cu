@@ -11,6 +11,9 @@
 // over disjoint block sets (>= 512 MB per rotation) so L2 never holds the working set.
 //   latent bytes = sum_b seq_b * 576 * 2 (+ Q and O);  FLOPs = 2 * H * seq * (576 + 512)
 //   floor = max(bytes / copy bandwidth, FLOPs / GEMM rate)
+// Speculative decodes ("spec" rows, issue 18): B64 x 4k with q = 1, 2, 4, 8 tokens a request, run
+// as the builder plans them (one kernel request per token); their floor reads each request's
+// latent rows once and does every token's FLOPs.
 // Prefill (H heads, DeepSeek dims, bf16): the "CUDA" prefill backend's attention alone (new
 // tokens causal + one context chunk) and the whole MLAAttention forward on CUDA_MLA (cache
 // write, up-projection GEMMs, gather, attention, LSE merge).
@@ -86,9 +89,13 @@ struct Row {
 
 // ---- decode -------------------------------------------------------------------------------
 
+// q_len > 1: speculative decodes of q_len tokens a request (seq_len `context`), as the builder plans them:
+// one kernel request per token (token j sees context - q_len + 1 + j keys) through its request's
+// block-table row.
 Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublasHandle_t h, void* pool,
-                 size_t pool_bytes, bool quick) {
+                 size_t pool_bytes, bool quick, int q_len = 1) {
   constexpr int kBs = 64;
+  const int tokens = batch * q_len;
   const int cols = context / kBs;
   const int64_t blocks_needed = static_cast<int64_t>(batch) * cols;
   const size_t block_bytes = size_t{kBs} * md::kLatent * 2;
@@ -96,7 +103,10 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   const size_t case_bytes = blocks_needed * block_bytes;
   const int rotations = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(pool_blocks / blocks_needed, (size_t{512} << 20) / case_bytes + 1)));
-  std::vector<int32_t> seqs(batch, context);
+  std::vector<int32_t> seqs;
+  for (int b = 0; b < batch; ++b) {
+    for (int j = 0; j < q_len; ++j) seqs.push_back(context - q_len + 1 + j);
+  }
   const md::DecodeKernel kernel = md::resolve_decode_kernel(heads, DType::bf16);  // as the builder's plans
   const int rows = md::rows_per_cta(kernel);
   const int head_tiles = (heads + rows - 1) / rows;
@@ -104,14 +114,18 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const md::Plan plan = md::make_plan(seqs, std::max(1, sms / head_tiles));
 
-  // Device plan + block tables (one per rotation, disjoint blocks, random permutations).
-  std::vector<int32_t> bt(static_cast<size_t>(rotations) * blocks_needed);
+  // Device plan + block tables (one per rotation, disjoint blocks, random permutations; a
+  // request's row once per token).
+  const int64_t table_entries = static_cast<int64_t>(tokens) * cols;
+  std::vector<int32_t> bt(static_cast<size_t>(rotations) * table_entries);
   std::mt19937 rng(7);
   for (int r = 0; r < rotations; ++r) {
     std::vector<int32_t> perm(blocks_needed);
     std::iota(perm.begin(), perm.end(), static_cast<int32_t>(r * blocks_needed));
     std::shuffle(perm.begin(), perm.end(), rng);
-    std::copy(perm.begin(), perm.end(), bt.begin() + r * blocks_needed);
+    for (int t = 0; t < tokens; ++t) {
+      std::copy_n(perm.begin() + static_cast<int64_t>(t / q_len) * cols, cols, bt.begin() + r * table_entries + int64_t{t} * cols);
+    }
   }
   int32_t *bt_d = nullptr, *part_d = nullptr;
   md::Segment* seg_d = nullptr;
@@ -130,10 +144,10 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   const int64_t slots = std::max(1, plan.num_partial_slots);
   BENCH_CUDA(cudaMalloc(&po, slots * heads * md::kValue * 4));
   BENCH_CUDA(cudaMalloc(&pl, slots * heads * 4));
-  BENCH_CUDA(cudaMalloc(&q, size_t{2} * batch * heads * md::kLatent));
-  BENCH_CUDA(cudaMalloc(&out, size_t{2} * batch * heads * md::kValue));
-  BENCH_CUDA(cudaMalloc(&lse, size_t{4} * batch * heads));
-  fill(q, static_cast<size_t>(batch) * heads * md::kLatent, DType::bf16, 11);
+  BENCH_CUDA(cudaMalloc(&q, size_t{2} * tokens * heads * md::kLatent));
+  BENCH_CUDA(cudaMalloc(&out, size_t{2} * tokens * heads * md::kValue));
+  BENCH_CUDA(cudaMalloc(&lse, size_t{4} * tokens * heads));
+  fill(q, static_cast<size_t>(tokens) * heads * md::kLatent, DType::bf16, 11);
 
   md::DecodeParams p{};
   p.q = q;
@@ -150,19 +164,19 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   p.o_token_stride = static_cast<int64_t>(heads) * md::kValue;
   p.o_head_stride = md::kValue;
   p.lse = lse;
-  p.lse_head_stride = batch;
+  p.lse_head_stride = tokens;
   p.lse_token_stride = 1;
   p.segments = seg_d;
   p.part_begin = part_d;
   p.splits = split_d;
   p.partial_out = po;
   p.partial_lse = pl;
-  p.num_requests = batch;
+  p.num_requests = tokens;
   p.scale_log2 = 0.0722f * 1.4426950408889634f;
   p.out_scale = 1.f;
   int rot = 0;
   auto run = [&] {
-    p.block_table = bt_d + static_cast<int64_t>(rot) * blocks_needed;
+    p.block_table = bt_d + static_cast<int64_t>(rot) * table_entries;
     rot = (rot + 1) % rotations;
     md::launch_decode(p, DType::bf16, DType::bf16, kernel, plan.num_parts, plan.any_split, current_cuda_stream());
   };
@@ -171,18 +185,23 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   const int base_iters = std::max(3, std::min(200, static_cast<int>(2e8 / (work * heads + 1e6)) + 3));
   const int iters = std::max(base_iters, rotations);  // every rotation at least once per repeat
   Row row;
-  row.grid = "decode";
-  row.name = "H" + std::to_string(heads) + " B" + std::to_string(batch) + " ctx" + std::to_string(context / 1024) + "k";
+  row.grid = q_len > 1 ? "spec" : "decode";
+  row.name = "H" + std::to_string(heads) + " B" + std::to_string(batch) + " ctx" + std::to_string(context / 1024) + "k" +
+             (q_len > 1 ? " q" + std::to_string(q_len) : "");
   row.ms = time_events(run, quick ? rotations : iters);
-  row.bytes = work * md::kLatent * 2 + double(batch) * heads * (md::kLatent + md::kValue) * 2;
-  row.flops = 2.0 * heads * work * (md::kLatent + md::kValue);
+  // The floor reads each request's latent rows once (its tokens share them) and does every
+  // token's FLOPs.
+  double token_keys = 0;
+  for (const int32_t s : seqs) token_keys += s;
+  row.bytes = work * md::kLatent * 2 + double(tokens) * heads * (md::kLatent + md::kValue) * 2;
+  row.flops = 2.0 * heads * token_keys * (md::kLatent + md::kValue);
   row.floor_ms = std::max(row.bytes / (ceil.copy_tbps * 1e12), row.flops / (ceil.gemm_tflops * 1e12)) * 1e3;
 
   // Peer: cuBLAS GEMM attention over a dense copy of the latent rows (B, S, 576).
   const size_t dense = static_cast<size_t>(batch) * context * md::kLatent * 2;
   const size_t s_bytes = static_cast<size_t>(batch) * heads * context * 4;
   void *k_dense = nullptr, *sc = nullptr, *pp = nullptr;
-  if (dense + s_bytes * 3 / 2 < (size_t{24} << 30) && cudaMalloc(&k_dense, dense) == cudaSuccess &&
+  if (q_len == 1 && dense + s_bytes * 3 / 2 < (size_t{24} << 30) && cudaMalloc(&k_dense, dense) == cudaSuccess &&
       cudaMalloc(&sc, s_bytes) == cudaSuccess && cudaMalloc(&pp, s_bytes / 2) == cudaSuccess) {
     fill(k_dense, dense / 2, DType::bf16, 13);
     const float one = 1.f, zero = 0.f;
@@ -201,7 +220,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
     peer();
     row.peer_ms = time_events(peer, quick ? 1 : base_iters);
     row.peer = "cuBLAS GEMM attention (dense latent)";
-  } else {
+  } else if (q_len == 1) {
     cudaGetLastError();
     row.peer = "cuBLAS peer skipped (memory)";
   }
@@ -416,6 +435,20 @@ int main(int argc, char** argv) {
         }
       }
     }
+    // Speculative decodes (q tokens a request, the builder's per-token plan): B64 x 4k, q 1..8.
+    for (const int heads : {16, 128}) {
+      for (const int q : {1, 2, 4, 8}) {
+        if (quick && q != 4) continue;
+        const std::string name = "H" + std::to_string(heads) + " B64 ctx4k q" + std::to_string(q);
+        if (!only.empty() && name.find(only) == std::string::npos) continue;
+        rows.push_back(bench_decode(heads, 64, 4096, ceil, h, pool, pool_bytes, quick, q));
+        rows.back().grid = "spec";
+        rows.back().name = name;
+        const Row& r = rows.back();
+        std::printf("%-24s %8.3f ms  floor %.3f\n", r.name.c_str(), r.ms, r.floor_ms);
+        std::fflush(stdout);
+      }
+    }
     cudaFree(pool);
     for (const int heads : {16, 128}) {
       for (const int ctx : {0, 8192}) {
@@ -440,7 +473,7 @@ int main(int argc, char** argv) {
       const Row& r = rows[i];
       std::snprintf(buf, sizeof(buf), "| %s | %s | %.3f | %.3f | %.0f%% | %s | %.0f | %s | %s |\n", r.grid.c_str(),
                     r.name.c_str(), r.ms, r.floor_ms, 100.0 * r.floor_ms / r.ms,
-                    r.grid == "decode" ? std::to_string(r.bytes / (r.ms * 1e-3) / 1e12).substr(0, 4).c_str() : "-",
+                    r.grid != "prefill" ? std::to_string(r.bytes / (r.ms * 1e-3) / 1e12).substr(0, 4).c_str() : "-",
                     r.flops / (r.ms * 1e-3) / 1e12, r.peer_ms > 0 ? std::to_string(r.peer_ms).substr(0, 6).c_str() : "-",
                     r.peer.c_str());
       md_out << buf;

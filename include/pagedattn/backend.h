@@ -133,8 +133,8 @@ struct BuilderConfig {
   // (CPU, CUDA, REFERENCE) then report reorder_batch_threshold() = 1 + k and plan such requests
   // as decodes (CPU: split-KV and the direct decode kernel; CUDA: the 16-row decode path while
   // (1 + k) x GQA group <= 16, else one prefill-path item per kv head, which reads the keys once
-  // and measured faster); the rows attend causally among themselves. MLA builders keep 1: their
-  // absorbed decode takes one token per request, so a k-token request is a prefill there.
+  // and measured faster); the rows attend causally among themselves. MLA builders report
+  // max(1, 1 + k) and run such requests in their absorbed decode (MLADecodeMetadata, mla.h).
   int num_speculative_tokens = 0;
   // MLA groups only (spec.kind == mla): the layer dimensions and the activation dtype (the
   // builder owns the step's MLA workspaces), and the chunked-prefill workspace in tokens

@@ -111,14 +111,24 @@ struct MLAPrefillMetadata {
   PlanStamp stamp;                          // the plan's (CUDA: its device arrays' build)
 };
 
+// The decode requests of a step: the first requests, of 1 to reorder_batch_threshold() query
+// tokens each (more than 1 only with speculative decoding, BuilderConfig::num_speculative_tokens:
+// the last sampled token and the drafts to verify, attended in the absorbed form like single-token
+// decodes, causally among themselves). Their tokens are the step's first num_decode_tokens.
 struct MLADecodeMetadata {
-  int num_decodes = 0;
-  int num_decode_tokens = 0;
+  int num_decodes = 0;                      // requests
+  int num_decode_tokens = 0;                // their tokens
   int max_seq_len = 0;
   std::vector<int32_t> seq_lens;            // (num_decodes,)
-  // On the cache's device, i32: seq_lens (num_decodes), block_table (num_decodes, max_blocks):
-  // the step's block-table rows of the decodes, a view of them, or, when padding requests
-  // (query_len 0) sat among them, a gathered copy in block_table_storage (held by the plan).
+  std::vector<int32_t> query_start_loc;     // (num_decodes + 1,) from 0: request i's tokens
+  // Per decode token, in token order (num_decode_tokens,): the keys it attends, [0, its value):
+  // token j of a request of q tokens and seq_len s sees s - q + 1 + j.
+  std::vector<int32_t> token_seq_lens;
+  // On the cache's device, i32, one entry per decode TOKEN: seq_lens_device = token_seq_lens;
+  // block_table (num_decode_tokens, max_blocks) = each token's request row of the step's block
+  // table: a view of the step's rows when every decode has one token and no padding request
+  // (query_len 0) sits among them, else a gathered copy (block_table_storage, held by the plan;
+  // CUDA: the builder's persistent rows).
   TensorView seq_lens_device, block_table;
   std::shared_ptr<Tensor> block_table_storage;
 };

@@ -185,7 +185,8 @@ class MLAAttention(_C._MLAAttention):
     ) -> _C.AttentionMetadataBuilder:
         """A metadata builder for this layer's KV-cache group (vLLM's MLACommonMetadataBuilder).
         ``build(common)`` returns an ``MLAAttentionMetadata``; the batch must list its decodes
-        (one new token each) first: ``reorder_batch(num_scheduled_tokens)`` gives the order.
+        (one new token each, up to 1 + num_speculative_tokens) first:
+        ``reorder_batch(num_scheduled_tokens)`` gives the order.
 
         chunked_prefill_workspace_tokens: rows of the workspace the prefills' cached context is
         gathered into, per chunk (must be >= max_num_seqs * block_size); None = vLLM's rule
@@ -197,9 +198,9 @@ class MLAAttention(_C._MLAAttention):
         batch (fixed context chunks and split sizes; env PAGEDATTN_BATCH_INVARIANT=1 turns it on
         for every builder).
 
-        num_speculative_tokens: vLLM's speculative_config (checked >= 0); the absorbed decode takes
-        one token per request, so the MLA builders keep reorder_batch_threshold = 1 and a request
-        of 1 + k tokens is a prefill.
+        num_speculative_tokens: vLLM's speculative_config (checked >= 0): k > 0 makes a request of
+        up to 1 + k tokens a decode (reorder_batch_threshold = 1 + k), run in the absorbed form,
+        each token attending causally to the cache and its request's earlier tokens.
         """
         w = 0 if chunked_prefill_workspace_tokens is None else int(chunked_prefill_workspace_tokens)
         if chunked_prefill_workspace_tokens is not None and w <= 0:

@@ -419,8 +419,10 @@ def test_mla_spec_and_layer_properties():
                                backend="REFERENCE_MLA", prefill_backend="CPU")
     builder = forced.metadata_builder()
     assert builder.reorder_batch_threshold == 1
-    # One-token absorbed decodes: speculative requests are prefills for MLA.
-    assert forced.metadata_builder(num_speculative_tokens=3).reorder_batch_threshold == 1
+    # Speculative requests (up to 1 + k tokens) are absorbed decodes for MLA too.
+    spec = forced.metadata_builder(num_speculative_tokens=3)
+    assert spec.reorder_batch_threshold == 4
+    assert spec.reorder_batch([5, 3, 1]) == ([2, 1, 0], True)
     assert builder.reorder_batch([5, 1, 1]) == ([2, 1, 0], True)
     assert builder.kv_cache_spec.kind == "mla"
 

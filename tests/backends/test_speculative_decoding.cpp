@@ -49,7 +49,10 @@ TEST(SpeculativeDecoding, StandardBuildersReportOnePlusKAsTheirDecodeThreshold) 
   }
 }
 
-TEST(SpeculativeDecoding, MlaBuildersKeepOneTokenDecodes) {
+// MLA builders take speculative requests as decodes too (their absorbed decode runs one row per
+// token, MLADecodeMetadata): threshold 1 + k, and 1 without speculative decoding (decodes first
+// always).
+TEST(SpeculativeDecoding, MlaBuildersTakeSpeculativeDecodes) {
   MLADimensions dims;
   dims.kv_lora_rank = 64;
   dims.qk_rope_head_dim = 16;
@@ -58,17 +61,18 @@ TEST(SpeculativeDecoding, MlaBuildersKeepOneTokenDecodes) {
   for (const char* name : {"CPU_MLA", "REFERENCE_MLA"}) {
     const AttentionBackend* backend = find_backend(name);
     ASSERT_NE(backend, nullptr) << name;
-    BuilderConfig c;
-    c.num_heads = 4;
-    c.num_kv_heads = 1;
-    c.head_size = dims.latent_head_size();
-    c.mla_dimensions = dims;
-    c.mla_dtype = DType::f32;
-    c.num_speculative_tokens = 3;
-    const auto builder = backend->make_builder(KVCacheSpec::mla(16, dims.latent_head_size(), DType::f32), c,
-                                               Device::cpu);
-    EXPECT_EQ(builder->reorder_batch_threshold(), 1)
-        << name << ": the absorbed decode takes one token per request; a 4-token request is a prefill";
+    for (const int k : {0, 3}) {
+      BuilderConfig c;
+      c.num_heads = 4;
+      c.num_kv_heads = 1;
+      c.head_size = dims.latent_head_size();
+      c.mla_dimensions = dims;
+      c.mla_dtype = DType::f32;
+      c.num_speculative_tokens = k;
+      const auto builder = backend->make_builder(KVCacheSpec::mla(16, dims.latent_head_size(), DType::f32), c,
+                                                 Device::cpu);
+      EXPECT_EQ(builder->reorder_batch_threshold(), 1 + k) << name << " k = " << k;
+    }
   }
 }
 

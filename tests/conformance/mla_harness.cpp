@@ -151,6 +151,7 @@ Outputs run_one(const AttentionBackend& backend, std::string_view prefill, Devic
   cfg.mla_dimensions = d;
   cfg.mla_dtype = c.dtype;
   cfg.mla_chunked_prefill_workspace_tokens = c.workspace_tokens;
+  cfg.num_speculative_tokens = c.num_speculative_tokens;
   const KVCacheSpec spec = mla_attention_spec(c.block_size, d, c.dtype, c.kv_cache_dtype);
   std::unique_ptr<AttentionMetadataBuilder> builder = backend.make_builder(spec, cfg, device);
   const std::shared_ptr<const AttentionMetadata> md = builder->build(0, common.common);
@@ -311,6 +312,7 @@ std::string MLACase::describe() const {
   if (output_2d) os << " out2d";
   if (pad_tokens > 0) os << " pad=" << pad_tokens;
   if (fp8_output()) os << " fp8-out/" << output_scale;
+  if (num_speculative_tokens > 0) os << " spec=" << num_speculative_tokens;
   os << " [";
   for (size_t i = 0; i < batch.size(); ++i) {
     os << (i ? "," : "") << "(" << batch[i].context_len << "," << batch[i].query_len << ")";
@@ -373,6 +375,18 @@ std::vector<MLACase> mla_grid(bool full) {
   no_lse.return_lse = false;
   g.push_back(no_lse);
   g.push_back(make_case("deepseek", bf16, "auto", deepseek, 16, 64, 0, {{40, 1}, {30, 5}}));
+  // Speculative decodes (k = 3: decodes of 1 to 4 tokens, then prefills of more), with context
+  // chunks behind them, an fp8 cache, and DeepSeek dims.
+  MLACase spec = make_case("spec-decode", f32, "auto", small, 4, 16, 96,
+                           {{40, 1}, {30, 4}, {17, 2}, {0, 3}, {20, 6}, {0, 5}});
+  spec.num_speculative_tokens = 3;
+  g.push_back(spec);
+  spec = make_case("spec-decode-fp8", bf16, "fp8", small, 4, 16, 0, {{33, 3}, {0, 4}, {50, 2}, {9, 7}});
+  spec.num_speculative_tokens = 3;
+  g.push_back(spec);
+  spec = make_case("spec-deepseek", bf16, "auto", deepseek, 16, 64, 0, {{100, 4}, {64, 4}, {30, 2}, {70, 6}});
+  spec.num_speculative_tokens = 3;
+  g.push_back(spec);
   // Fused fp8 output: decodes, new tokens without context and a 3-chunk context in one batch
   // (every staged write of MLACommonImpl), and DeepSeek dims over an fp8 cache.
   MLACase fp8_out = make_case("fp8-out-mixed", bf16, "auto", small, 4, 16, 64,

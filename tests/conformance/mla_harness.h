@@ -28,7 +28,7 @@ namespace pagedattn::conformance::mla {
 
 struct MLARequest {
   int context_len = 0;  // cached tokens before the step
-  int query_len = 1;    // new tokens (1 = decode); batches list decodes first
+  int query_len = 1;    // new tokens (1, or up to 1 + num_speculative_tokens: a decode); decodes first
 };
 
 struct MLACase {
@@ -43,6 +43,9 @@ struct MLACase {
   bool output_2d = false;                // output as (T, H * V)
   int pad_tokens = 0;                    // rows after num_actual_tokens (slot -1)
   float output_scale = 0.f;              // > 0: fp8_e4m3 output = saturate(o / output_scale)
+  // > 0: the builders' num_speculative_tokens k: requests of up to 1 + k tokens are decodes (the
+  // absorbed path, causal among their tokens), listed first.
+  int num_speculative_tokens = 0;
   std::vector<MLARequest> batch;
 
   bool fp8_kv() const;

@@ -643,7 +643,8 @@ TEST(CudaMlaLayer, MatchesReferenceMla) {
 }
 
 // The shared MLA conformance harness (tests/conformance/mla_harness.h): its grid's cases that
-// CUDA_MLA supports (DeepSeek latent dims, 16-bit activations) plus fp8 and 128-head cases.
+// CUDA_MLA supports (DeepSeek latent dims, 16-bit activations) plus fp8, 128-head and 128-head
+// speculative-decode cases.
 TEST(CudaMlaLayer, ConformanceHarness) {
   PAGEDATTN_REQUIRE_GPU();
   namespace cm = conformance::mla;
@@ -669,6 +670,16 @@ TEST(CudaMlaLayer, ConformanceHarness) {
     extra.batch = {{24, 1}, {20, 4}};
     grid.push_back(extra);
   }
+  // Speculative decodes at 128 heads (the wgmma decode kernel; the grid's spec-deepseek case runs
+  // the 16-head mma.sync kernel): decodes of 4, 2 and 3 tokens, then a prefill.
+  extra.name = "cuda-mla-spec-h128";
+  extra.kv_cache_dtype = "auto";
+  extra.num_heads = 128;
+  extra.block_size = 16;
+  extra.workspace_tokens = 64;
+  extra.num_speculative_tokens = 3;
+  extra.batch = {{40, 4}, {9, 2}, {70, 3}, {20, 5}};
+  grid.push_back(extra);
   for (const cm::MLAResult& r : cm::run_mla_grid(cuda_mla_backend(), "", Device::cuda, grid, 77)) {
     EXPECT_TRUE(r.passed()) << r.describe();
   }

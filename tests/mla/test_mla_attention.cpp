@@ -60,8 +60,9 @@ class NaiveDecodeImpl final : public mla::MLACommonImpl {
     const DType cdt = kv_cache.dtype();
     const double ks = is_fp8(cdt) ? scales.k_scale : 1.0;
     const TensorView& bt = md.decode.block_table;
-    for (int i = 0; i < md.decode.num_decodes; ++i) {
-      const int64_t keys = md.decode.seq_lens[i] - (drop_last_key_ && md.decode.seq_lens[i] > 1);
+    for (int i = 0; i < md.decode.num_decode_tokens; ++i) {  // token i: its own keys and row
+      const int64_t seen = md.decode.token_seq_lens[i];
+      const int64_t keys = seen - (drop_last_key_ && seen > 1);
       for (int64_t h = 0; h < H; ++h) {
         std::vector<double> logit(keys), acc(L, 0.0);
         double m = -std::numeric_limits<double>::infinity();
@@ -317,6 +318,45 @@ struct TinyMLA {
     return 0.5 * (q[0] * k_nope(t) + q[1] * t[2]);
   }
 };
+
+// A speculative decode is the same function in the absorbed form as in the up-projected prefill
+// form: REFERENCE_MLA with num_speculative_tokens = 3 (requests of 2 to 4 tokens run as decodes)
+// against the same inputs with k = 0 (they run as prefills), on a 16-bit cache that holds the
+// given latent exactly. Both are fp64 with one rounding, so they agree to the output dtype's last
+// bits; a wrong causal offset among a decode's tokens would differ by far more.
+TEST(MLAReference, SpeculativeDecodeEqualsThePrefillForm) {
+  namespace cm = conformance::mla;
+  cm::MLACase c;
+  c.dtype = DType::f32;
+  c.num_heads = 3;
+  c.workspace_tokens = 80;  // k = 0: 3 prefills with context, chunks of 16 (40 keys: 3 chunks)
+  c.batch = {{31, 1}, {40, 4}, {17, 2}, {0, 3}, {20, 6}};
+  c.num_speculative_tokens = 3;
+  const AttentionBackend& ref = *find_backend("REFERENCE_MLA");
+  const cm::MLAOutputs as_decode = cm::run_mla_outputs(ref, "", Device::cpu, c, 5);
+  c.num_speculative_tokens = 0;
+  const cm::MLAOutputs as_prefill = cm::run_mla_outputs(ref, "", Device::cpu, c, 5);
+  ASSERT_EQ(as_decode.num_actual_tokens, 16);
+  const auto* a = as_decode.output.data_as<float>();
+  const auto* b = as_prefill.output.data_as<float>();
+  const int64_t n = as_decode.num_actual_tokens * c.num_heads * c.dims.v_head_dim;
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(std::isfinite(a[i]) && std::isfinite(b[i])) << "element " << i;
+    diff += (a[i] - b[i]) * (a[i] - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  EXPECT_GT(norm, 0.0);
+  EXPECT_LT(std::sqrt(diff / norm), 1e-6);
+  const auto* la = as_decode.lse.data_as<float>();
+  const auto* lb = as_prefill.lse.data_as<float>();
+  for (int64_t h = 0; h < c.num_heads; ++h) {
+    for (int64_t t = 0; t < as_decode.num_actual_tokens; ++t) {
+      const int64_t at = h * as_decode.lse.shape()[1] + t;
+      EXPECT_NEAR(la[at], lb[at], 1e-5) << "head " << h << " token " << t;
+    }
+  }
+}
 
 TEST(MLAReference, OneKeyGivesItsValueRow) {
   TinyMLA m;

@@ -84,7 +84,9 @@ TEST(MLAPlan, SplitAndChunkedContextAsVllm) {
   EXPECT_EQ(md.decode.max_seq_len, 20);
   EXPECT_EQ(md.decode.block_table.size(0), 2);
   EXPECT_EQ(md.decode.block_table.data(), common.common.block_table_tensor.data());
-  EXPECT_EQ(md.decode.seq_lens_device.data(), md.decode.seq_lens.data());
+  EXPECT_EQ(md.decode.query_start_loc, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(md.decode.token_seq_lens, (std::vector<int32_t>{20, 5}));
+  EXPECT_EQ(md.decode.seq_lens_device.data(), md.decode.token_seq_lens.data());
   ASSERT_TRUE(md.prefill.has_value());
   const MLAPrefillMetadata& p = *md.prefill;
   EXPECT_EQ(p.token_offset, 2);
@@ -116,6 +118,54 @@ TEST(MLAPlan, SplitAndChunkedContextAsVllm) {
 
 // Padding requests (query_len 0) are in neither part: the decodes' and the prefills' block-table
 // rows are gathered (views when they stay consecutive), their arrays hold the live requests only.
+// Speculative decoding (num_speculative_tokens k): requests of up to 1 + k tokens are decodes,
+// each token attending causally (token j of q sees seq_len - q + 1 + j keys) through its request's
+// block-table row, one row per token; longer requests stay prefills. Without k the same batch is a
+// decode and three prefills.
+TEST(MLAPlan, SpeculativeDecodesAreDecodesOfTheirTokens) {
+  BuilderConfig c = config(6, 64, 512, 96);
+  c.num_speculative_tokens = 3;
+  mla::MLACommonMetadataBuilder builder(kSpec, c, Device::cpu);
+  EXPECT_EQ(builder.reorder_batch_threshold(), 4);
+  EXPECT_EQ(builder.max_decode_tokens(), 24);
+  // Decodes of 1, 4, 2 and 3 tokens (context 19, 30, 0 + padding, 7), then a 5-token prefill.
+  const auto common = batch({{19, 1}, {30, 4}, {0, 0}, {0, 2}, {7, 3}, {40, 5}});
+  const auto base = builder.build(0, common.common);
+  const auto& md = dynamic_cast<const MLAMetadata&>(*base);
+  EXPECT_EQ(md.num_decodes, 4);
+  EXPECT_EQ(md.num_decode_tokens, 10);
+  EXPECT_EQ(md.num_prefills, 1);
+  EXPECT_EQ(md.num_prefill_tokens, 5);
+  EXPECT_EQ(md.decode.seq_lens, (std::vector<int32_t>{20, 34, 2, 10}));
+  EXPECT_EQ(md.decode.query_start_loc, (std::vector<int32_t>{0, 1, 5, 7, 10}));
+  EXPECT_EQ(md.decode.token_seq_lens, (std::vector<int32_t>{20, 31, 32, 33, 34, 1, 2, 8, 9, 10}));
+  EXPECT_EQ(md.decode.max_seq_len, 34);
+  const std::vector<int> token_request = {0, 1, 1, 1, 1, 3, 3, 4, 4, 4};
+  const TensorView& bt = common.common.block_table_tensor;
+  ASSERT_EQ(md.decode.block_table.size(0), 10);
+  EXPECT_NE(md.decode.block_table_storage, nullptr);  // rows repeat: gathered
+  for (int t = 0; t < 10; ++t) {
+    for (int64_t col = 0; col < bt.size(1); ++col) {
+      EXPECT_EQ(md.decode.block_table.data_as<int32_t>()[t * md.decode.block_table.stride(0) + col],
+                bt.data_as<int32_t>()[token_request[t] * bt.stride(0) + col])
+          << "token " << t << " column " << col;
+    }
+  }
+  ASSERT_TRUE(md.prefill.has_value());
+  EXPECT_EQ(md.prefill->token_offset, 10);
+  EXPECT_EQ(md.prefill->seq_lens, (std::vector<int32_t>{45}));
+
+  mla::MLACommonMetadataBuilder plain(kSpec, config(6, 64, 512, 96), Device::cpu);
+  EXPECT_EQ(plain.reorder_batch_threshold(), 1);
+  const auto common1 = batch({{19, 1}, {30, 4}, {0, 2}, {7, 3}});
+  const auto& md1 = dynamic_cast<const MLAMetadata&>(*plain.build(0, common1.common));
+  EXPECT_EQ(md1.num_decodes, 1);
+  EXPECT_EQ(md1.num_decode_tokens, 1);
+  EXPECT_EQ(md1.num_prefills, 3);
+  // A speculative decode after a prefill is out of order.
+  expect_error([&] { builder.build(0, batch({{40, 5}, {19, 2}}).common); }, "common");
+}
+
 TEST(MLAPlan, PaddingRequestsAreLeftOutOfBothParts) {
   mla::MLACommonMetadataBuilder builder(kSpec, config(8, 64, 512, 128), Device::cpu);
   // requests: decode, pad, decode, pad (with context), prefill, pad, prefill, pad

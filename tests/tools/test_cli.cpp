@@ -82,8 +82,8 @@ TEST(CliRun, DefaultPresetChecksAndWritesJson) {
   std::filesystem::remove(json);
 }
 
-// run --num-speculative-tokens: decodes carry drafts, the builders take them as decodes (the
-// standard ones: reorder threshold 1 + K; MLA: prefills), --check passes, the report and the JSON
+// run --num-speculative-tokens: decodes carry drafts, the builders take them as decodes (reorder
+// threshold 1 + K; MLA: its absorbed decode), --check passes, the report and the JSON
 // give the drafts and accepted tokens, and the token accounting holds.
 TEST(CliRun, SpeculativeDecodingChecksAndReportsAcceptedTokens) {
   std::filesystem::path json = std::filesystem::temp_directory_path() / "pagedattn_cli_test_spec.json";
@@ -109,7 +109,7 @@ TEST(CliRun, SpeculativeDecodingChecksAndReportsAcceptedTokens) {
   EXPECT_EQ(drafts, s["draft_tokens"].get<int64_t>());
   EXPECT_EQ(j["options"]["num_speculative_tokens"], 3);
   std::filesystem::remove(json);
-  // MLA: the absorbed decode takes one token, so the drafted requests run as prefills; still exact.
+  // MLA: the drafted requests run in the absorbed decode, one row per token; still exact.
   r = cli({"run", "--preset", "deepseek-v3", "--layers", "1", "--tp", "8", "--num-requests", "3", "--prompt-len",
            "uniform:4:40", "--output-len", "uniform:4:8", "--max-steps", "6", "--backend", "CPU_MLA", "--check",
            "--check-interval", "1", "--num-speculative-tokens", "2", "--no-peaks", "--quiet"});

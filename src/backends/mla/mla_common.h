@@ -14,6 +14,7 @@
 // un-absorbed formula. It does use MLACommonMetadataBuilder (the plan is what it reads).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -138,7 +139,11 @@ class MLACommonMetadataBuilder : public AttentionMetadataBuilder {
   std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
                                                  const CommonAttentionMetadata& common,
                                                  bool fast_build = false) override;
-  int reorder_batch_threshold() const override { return 1; }
+  // Decodes first, always: 1, or 1 + num_speculative_tokens (those requests are decodes too).
+  int reorder_batch_threshold() const override { return std::max(1, speculative_decode_threshold(config_)); }
+  // The most decode tokens a step can hold (the decode buffers' rows):
+  // min(max_num_batched_tokens, max_num_seqs * reorder_batch_threshold()).
+  int64_t max_decode_tokens() const;
   size_t workspace_bytes() const override;
   const BuilderConfig& config() const { return config_; }
   Device device() const { return device_; }
@@ -190,10 +195,11 @@ class MLACommonImpl : public MLAAttentionImpl {
   std::string_view prefill_backend_name() const override;
 
  protected:
-  // The backend's latent attention for the decode tokens (one per decode request):
+  // The backend's latent attention for the decode tokens (1 to reorder_batch_threshold() per
+  // decode request):
   //   q_latent (Td, H, L + R), kv_cache (num_blocks, block_size, L + R) (fp8 read = x * k_scale),
-  //   keys = whole cache rows, values = rows[:L], scale = params().scale, keys [0, seq_len) of
-  //   decode request i (metadata.decode.seq_lens / block_table);
+  //   keys = whole cache rows, values = rows[:L], scale = params().scale, keys
+  //   [0, token_seq_lens[t]) of decode token t through block_table row t (metadata.decode);
   //   writes o_latent (Td, H, L) and, when defined, lse (H, Td) f32 natural log.
   //   Layouts: q_latent / o_latent are the workspace's rows, (Td, H, D):(H*D, D, 1); lse is a
   //   view of the caller's output_lse columns [0, Td), so its row stride is output_lse.stride(0)

@@ -51,14 +51,17 @@ TensorView host_i32_view(std::vector<int32_t>& v, Shape shape) {
   return TensorView(v.data(), DType::i32, shape, Device::cpu);
 }
 
-// The rows `reqs` (ascending) of the step's block table, for one part of the plan: a view when they
-// are consecutive (no padding request among them: the usual case), else a copy gathered into
+// The rows `reqs` (ascending, a row repeated for each token of a speculative decode) of the step's
+// block table, for one part of the plan: a view when they are consecutive (no padding request among
+// them, one token each: the usual case), else a copy gathered into
 // `storage` on the table's device (held by the plan; on CUDA one row copy each, issued on the
 // current stream before anything the plan runs).
 TensorView part_block_table(const TensorView& bt, const std::vector<int>& reqs, std::shared_ptr<Tensor>& storage) {
   const int64_t n = static_cast<int64_t>(reqs.size());
   if (n == 0) return bt.narrow(0, 0, 0);
-  if (reqs.back() - reqs.front() + 1 == n) return bt.narrow(0, reqs.front(), n);
+  bool consecutive = true;  // (a request's row repeats once per token of a speculative decode)
+  for (int64_t i = 1; i < n && consecutive; ++i) consecutive = reqs[i] == reqs[i - 1] + 1;
+  if (consecutive) return bt.narrow(0, reqs.front(), n);
   const int64_t cols = bt.size(1);
   storage = std::make_shared<Tensor>(Shape{n, cols}, DType::i32, bt.device(), bt.device_index());
   auto* dst = storage->data_as<int32_t>();
@@ -95,9 +98,12 @@ TensorView copy_slot_mapping_into(const Tensor& storage, const TensorView& slots
   return TensorView(dst, slots.dtype(), Shape{tokens}, slots.device(), storage.view().device_index());
 }
 
-// CUDA: the decode requests' block-table rows (their first `cols` columns) into `table` (rows of
-// table.size(1) columns), one 2-D copy per run of consecutive requests.
-TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::vector<int>& reqs, int64_t cols) {
+// CUDA: the decode tokens' block-table rows (their first `cols` columns; reqs[t] = token t's
+// request) into `table` (rows of table.size(1) columns): one 2-D copy per run of consecutive
+// requests, or, when `uniform_q` > 1 tokens each of consecutive requests (speculative decodes),
+// one 2-D copy per token index.
+TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::vector<int>& reqs, int64_t cols,
+                          int uniform_q) {
   const int64_t n = static_cast<int64_t>(reqs.size());
   const int64_t stride = table.shape()[1];
   auto* dst = static_cast<int32_t*>(table.data());
@@ -105,6 +111,15 @@ TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::
     PAGEDATTN_CHECK(bt.stride(1) == 1, "common.block_table_tensor", kWho, "block_table_tensor is ", bt.describe(),
                     ": CUDA plans copy its rows and need them packed (column stride 1)");
     const auto* src = bt.data_as<const int32_t>();
+    const int64_t requests = uniform_q > 1 ? n / uniform_q : 0;
+    if (requests > 0 && reqs.back() - reqs.front() + 1 == requests) {
+      for (int j = 0; j < uniform_q; ++j) {
+        detail::memcpy_d2d_2d(dst + j * stride, static_cast<size_t>(uniform_q * stride) * sizeof(int32_t),
+                              src + reqs.front() * bt.stride(0), static_cast<size_t>(bt.stride(0)) * sizeof(int32_t),
+                              static_cast<size_t>(cols) * sizeof(int32_t), static_cast<size_t>(requests));
+      }
+      return TensorView(dst, DType::i32, Shape{n, stride}, Shape{stride, 1}, bt.device(), table.view().device_index());
+    }
     for (int64_t i = 0; i < n;) {
       int64_t run = 1;
       while (i + run < n && reqs[i + run] == reqs[i] + run) ++run;
@@ -117,6 +132,13 @@ TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::
   return TensorView(dst, DType::i32, Shape{n, stride}, Shape{stride, 1}, bt.device(), table.view().device_index());
 }
 
+// min(max_num_batched_tokens, max_num_seqs * the reorder threshold): the most decode tokens a step
+// holds (MLACommonMetadataBuilder::max_decode_tokens).
+int64_t decode_token_capacity(const BuilderConfig& c) {
+  const int64_t threshold = std::max(1, speculative_decode_threshold(c));
+  return std::min<int64_t>(c.max_num_batched_tokens, int64_t{c.max_num_seqs} * threshold);
+}
+
 int64_t workspace_tokens_of(const BuilderConfig& c, int block_size) {
   if (c.mla_chunked_prefill_workspace_tokens > 0) return c.mla_chunked_prefill_workspace_tokens;
   return mla_chunked_prefill_workspace_tokens(c.max_model_len, c.max_num_seqs, block_size);
@@ -125,7 +147,8 @@ int64_t workspace_tokens_of(const BuilderConfig& c, int block_size) {
 std::unique_ptr<MLAStepBuffers> make_step_buffers(const BuilderConfig& c, int64_t w,
                                                   Device device) {
   const MLADimensions& d = c.mla_dimensions;
-  const int64_t h = c.num_heads, s = c.max_num_seqs, t = c.max_num_batched_tokens;
+  const int64_t h = c.num_heads, t = c.max_num_batched_tokens;
+  const int64_t s = decode_token_capacity(c);  // decode rows
   const int64_t rows = std::max(t, w);
   const int64_t l = d.kv_lora_rank, r = d.qk_rope_head_dim, p = d.qk_nope_head_dim,
                 v = d.v_head_dim;
@@ -216,8 +239,8 @@ struct MLACommonMetadataBuilder::DeviceArrays {
   int64_t max_chunks = 0;
   int64_t max_blocks = 0;        // block-table columns: cdiv(max_model_len, block_size)
   Tensor slot_mapping;           // (T,) i64 storage, read as the caller's dtype; -1 past the step
-  Tensor decode_block_table;     // (S, max_blocks) the decodes' rows
-  Tensor decode_seq_lens;        // (S,)
+  Tensor decode_block_table;     // (Td, max_blocks) the decode tokens' rows (Td: max_decode_tokens())
+  Tensor decode_seq_lens;        // (Td,) the decode tokens' key counts
   Tensor query_start_loc;        // (S + 1,)
   Tensor seq_lens, context_lens; // (S,)
   Tensor chunk_starts;           // (max_chunks * S,)
@@ -236,8 +259,8 @@ MLACommonMetadataBuilder::MLACommonMetadataBuilder(KVCacheSpec spec, const Build
     arrays_->max_chunks = std::max<int64_t>(1, cdiv(config_.max_model_len, min_context_chunk()));
     arrays_->max_blocks = cdiv(config_.max_model_len, spec_.block_size);
     arrays_->slot_mapping = Tensor(Shape{config_.max_num_batched_tokens}, DType::i64, device_);
-    arrays_->decode_block_table = Tensor(Shape{s, arrays_->max_blocks}, DType::i32, device_);
-    arrays_->decode_seq_lens = Tensor(Shape{s}, DType::i32, device_);
+    arrays_->decode_block_table = Tensor(Shape{max_decode_tokens(), arrays_->max_blocks}, DType::i32, device_);
+    arrays_->decode_seq_lens = Tensor(Shape{max_decode_tokens()}, DType::i32, device_);
     arrays_->query_start_loc = Tensor(Shape{s + 1}, DType::i32, device_);
     arrays_->seq_lens = Tensor(Shape{s}, DType::i32, device_);
     arrays_->context_lens = Tensor(Shape{s}, DType::i32, device_);
@@ -245,6 +268,8 @@ MLACommonMetadataBuilder::MLACommonMetadataBuilder(KVCacheSpec spec, const Build
     arrays_->cu_seq_lens = Tensor(Shape{arrays_->max_chunks * (s + 1)}, DType::i32, device_);
   }
 }
+
+int64_t MLACommonMetadataBuilder::max_decode_tokens() const { return decode_token_capacity(config_); }
 
 int64_t MLACommonMetadataBuilder::min_context_chunk() const {
   const int64_t bs = spec_.block_size;
@@ -306,24 +331,32 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   for (int r = 0; r <= num_reqs; ++r) qsl[r] = read_i32_at(common.query_start_loc_cpu, r);
   for (int r = 0; r < num_reqs; ++r) seq_lens[r] = read_i32_at(common.seq_lens_cpu, r);
 
-  // Decodes first (reorder threshold 1): the requests of 1 token, then those of more. Requests of
-  // query_len 0 (padding) may sit anywhere: no-ops, left out of both parts (the tokens of the
-  // others stay contiguous, so only the block-table rows need gathering: part_block_table).
-  std::vector<int> decode_reqs, prefill_reqs;
+  // Decodes first (reorder_batch_threshold(): 1, or 1 + k with k speculative tokens): the requests
+  // of 1 to threshold tokens, then those of more. Requests of query_len 0 (padding) may sit
+  // anywhere: no-ops, left out of both parts (the tokens of the others stay contiguous, so only
+  // the block-table rows need gathering: part_block_table). token_reqs: each decode token's
+  // request (a speculative decode's row once per token).
+  const int threshold = reorder_batch_threshold();
+  std::vector<int> decode_reqs, prefill_reqs, token_reqs;
   for (int r = 0; r < num_reqs; ++r) {
     const int q = qsl[r + 1] - qsl[r];
     if (q == 0) continue;
-    if (q == 1) {
-      PAGEDATTN_CHECK(prefill_reqs.empty(), "common", kWho, "request ", r,
-                      " has query_len 1 after a prefill (request ", prefill_reqs.front(),
-                      "): the batch must be ordered decodes first (reorder_batch, threshold 1)");
+    if (q <= threshold) {
+      PAGEDATTN_CHECK(prefill_reqs.empty(), "common", kWho, "request ", r, " has query_len ", q,
+                      " <= reorder_batch_threshold ", threshold, " after a prefill (request ",
+                      prefill_reqs.front(), "): the batch must be ordered decodes first (reorder_batch)");
       decode_reqs.push_back(r);
+      token_reqs.insert(token_reqs.end(), static_cast<size_t>(q), r);
     } else {
       prefill_reqs.push_back(r);
     }
   }
   const int num_decodes = static_cast<int>(decode_reqs.size());
   const int num_prefills = static_cast<int>(prefill_reqs.size());
+  const int num_decode_tokens = static_cast<int>(token_reqs.size());
+  PAGEDATTN_CHECK(num_decode_tokens <= max_decode_tokens(), "common", kWho, "the step's decodes hold ",
+                  num_decode_tokens, " tokens, more than the builder's ", max_decode_tokens(),
+                  " (max_num_seqs x reorder_batch_threshold, at most max_num_batched_tokens)");
 
   std::shared_ptr<MLAMetadata> md = make_metadata();
   md->num_actual_tokens = common.num_actual_tokens;
@@ -334,7 +367,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   md->slot_mapping = common.slot_mapping.narrow(0, 0, common.num_actual_tokens);
   md->cache_footprint = kv_cache_footprint(common, spec_.block_size);
   md->num_decodes = num_decodes;
-  md->num_decode_tokens = num_decodes;  // one token each
+  md->num_decode_tokens = num_decode_tokens;
   md->num_prefills = num_prefills;
   md->num_prefill_tokens = common.num_actual_tokens - md->num_decode_tokens;
   md->workspace = workspace_;
@@ -343,9 +376,17 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   MLADecodeMetadata& dec = md->decode;
   dec.num_decodes = num_decodes;
   dec.num_decode_tokens = md->num_decode_tokens;
-  for (int r : decode_reqs) dec.seq_lens.push_back(seq_lens[r]);
+  dec.query_start_loc.assign(1, 0);
+  int uniform_q = 0;  // the decodes' common token count (0: they differ)
+  for (int r : decode_reqs) {
+    const int q = qsl[r + 1] - qsl[r];
+    dec.seq_lens.push_back(seq_lens[r]);
+    dec.query_start_loc.push_back(dec.query_start_loc.back() + q);
+    for (int j = 0; j < q; ++j) dec.token_seq_lens.push_back(seq_lens[r] - q + 1 + j);
+    uniform_q = r == decode_reqs.front() ? q : uniform_q == q ? q : 0;
+  }
   dec.max_seq_len = num_decodes > 0 ? *std::max_element(dec.seq_lens.begin(), dec.seq_lens.end()) : 0;
-  if (device_ == Device::cpu) dec.block_table = part_block_table(bt, decode_reqs, dec.block_table_storage);
+  if (device_ == Device::cpu) dec.block_table = part_block_table(bt, token_reqs, dec.block_table_storage);
 
   // prefill part
   if (num_prefills > 0) {
@@ -431,9 +472,10 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   DeviceArrays* a = arrays_.get();
   if (a != nullptr) {
     md->slot_mapping = copy_slot_mapping_into(a->slot_mapping, md->slot_mapping, common.num_actual_tokens);
-    dec.block_table = copy_rows_into(a->decode_block_table, bt, decode_reqs, cdiv(dec.max_seq_len, spec_.block_size));
+    dec.block_table = copy_rows_into(a->decode_block_table, bt, token_reqs, cdiv(dec.max_seq_len, spec_.block_size),
+                                     uniform_q);
   }
-  dec.seq_lens_device = place(dec.seq_lens, a ? &a->decode_seq_lens : nullptr, Shape{num_decodes});
+  dec.seq_lens_device = place(dec.token_seq_lens, a ? &a->decode_seq_lens : nullptr, Shape{num_decode_tokens});
   if (md->prefill) {
     MLAPrefillMetadata& pre = *md->prefill;
     const int64_t np = num_prefills;

@@ -172,8 +172,9 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
       bool decode;
     };
     std::vector<Req> reqs;
-    for (int i = 0; i < md.num_decodes; ++i) {
-      reqs.push_back({i, 1, md.decode.seq_lens[i], &md.decode.block_table, i, true});
+    for (int i = 0; i < md.num_decodes; ++i) {  // block_table: a row per decode token
+      const int32_t t0 = md.decode.query_start_loc[i];
+      reqs.push_back({t0, md.decode.query_start_loc[i + 1] - t0, md.decode.seq_lens[i], &md.decode.block_table, t0, true});
     }
     if (md.prefill) {
       const MLAPrefillMetadata& pre = *md.prefill;

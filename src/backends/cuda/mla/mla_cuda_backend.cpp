@@ -67,7 +67,8 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
                     config_.num_heads, " must be > 0");
     max_parts_ = std::max(1, config_.num_sms > 0 ? config_.num_sms : current_device_sm_count());
     decode_kernel_ = md::resolve_decode_kernel(config_.num_heads, spec_.dtype);
-    const int64_t s = std::max(1, config_.max_num_seqs);
+    // The kernel's "requests" are decode tokens (a speculative decode's tokens one each).
+    const int64_t s = std::max<int64_t>(1, max_decode_tokens());
     // Batch-invariant builders (config_ resolved by the common builder): fixed 2048-key segments
     // (md::make_fixed_plan), as many as the longest requests need.
     max_segments_ = md::max_segments(s, max_parts_);
@@ -123,8 +124,8 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     const int head_tiles = (config_.num_heads + rows - 1) / rows;
     const int parts = std::max(1, max_parts_ / head_tiles);
     const md::Plan plan = config_.batch_invariant
-                              ? md::make_fixed_plan(m.decode.seq_lens, md::kBatchInvariantSplitTiles, parts)
-                              : md::make_plan(m.decode.seq_lens, parts);
+                              ? md::make_fixed_plan(m.decode.token_seq_lens, md::kBatchInvariantSplitTiles, parts)
+                              : md::make_plan(m.decode.token_seq_lens, parts);
     PAGEDATTN_CHECK(plan.num_parts <= parts && static_cast<int64_t>(plan.segments.size()) <= max_segments_ &&
                         plan.num_partial_slots <= max_slots_,
                     "common", kName, " plan: ", plan.segments.size(), " segments / ", plan.num_partial_slots,
@@ -242,7 +243,7 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
                     " forward_decode: the plan is stale (its builder has built a newer one since, or is gone): a "
                     "plan is valid until the builder's next build()");
     if (m->num_decodes == 0) return;
-    const int b = m->num_decodes;
+    const int b = m->num_decode_tokens;
     const int h = params_.num_heads;
     PAGEDATTN_CHECK(m->num_heads == h, "metadata", kName, " forward_decode: the plan was built for ", m->num_heads,
                     " heads, the layer has ", h);
@@ -265,7 +266,7 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
     metadata.cache_footprint.check_fits(kv_cache.size(0), kv_cache.size(1), kName, "forward_decode");
     const auto* m = static_cast<const CudaMlaMetadata*>(&metadata);
     if (m->num_decodes == 0) return;
-    const int b = m->num_decodes;
+    const int b = m->num_decode_tokens;  // the kernel's requests: one per decode token
     const int h = params_.num_heads;
     check_rows(q_latent, "q_latent", b, h, md::kLatent, params_.dtype, 16);
     check_rows(o_latent, "o_latent", b, h, md::kValue, params_.dtype, 8);

@@ -24,7 +24,7 @@ inline constexpr int kValue = 512;        // kv_lora_rank: value width (first 51
 inline constexpr int kKeysPerTile = 64;
 
 struct Segment {
-  int32_t request;       // decode request (row of q / block table)
+  int32_t request;       // decode token (row of q / block table; a speculative decode's tokens one each)
   int32_t kv_start;      // keys [kv_start, kv_end), kv_start a multiple of kKeysPerTile
   int32_t kv_end;
   int32_t partial_row;   // -1: write the output; else slot (rows slot * H .. + H of the partials)
