@@ -9,6 +9,8 @@
 //                         DeepSeek-V3 latent (kv_lora_rank 512 + rope 64 = 576), 16 query heads
 //                         (the heads of one tensor-parallel rank of 128 / 8), bf16 activations,
 //                         bf16 (or fp8_e4m3) cache, block 64, pages shuffled
+//   MlaLatent/16x4k_qQ    the same with Q tokens a request (speculative decodes, causal among
+//                         them; the plan's items share a request's key tiles across its tokens)
 //   MlaLayer/BxC          MLAAttention::forward of the same decode batch through CPU_MLA: cache
 //                         write, q·W_UK, the latent attention, o·W_UV (kv_b_proj of 16 heads)
 //   MlaPrefill/BxN        the CPU MLA prefill backend, B prefills of N new tokens, causal, LSE on:
@@ -82,12 +84,14 @@ struct DecodeCounts {
   double bytes = 0, latent_bytes = 0, flops = 0;
 };
 
-DecodeCounts counts(int batch, int context, DType cache_dtype) {
+// q_len tokens a request (speculative decodes): the latent rows read once, every token's FLOPs.
+DecodeCounts counts(int batch, int context, DType cache_dtype, int q_len) {
   DecodeCounts c;
   const double seq = context + 1.0;
   c.latent_bytes = batch * seq * kLatent * static_cast<double>(dtype_size(cache_dtype));
-  c.bytes = c.latent_bytes + batch * kHeads * (kLatent + kRank) * 2.0;
-  c.flops = batch * seq * kHeads * 2.0 * (kLatent + kRank);
+  c.bytes = c.latent_bytes + batch * q_len * kHeads * (kLatent + kRank) * 2.0;
+  const double token_keys = batch * (q_len * seq - q_len * (q_len - 1) / 2.0);  // causal among the q
+  c.flops = token_keys * kHeads * 2.0 * (kLatent + kRank);
   return c;
 }
 
@@ -105,30 +109,32 @@ void report(benchmark::State& state, const DecodeCounts& c) {
   state.SetLabel(cpu::active_kernels().name);
 }
 
-// The plan and buffers of B decodes over C cached tokens (block ids shuffled).
-void BM_Latent(benchmark::State& state, int batch, int context, DType cache_dtype) {
+// The plan and buffers of B decodes over C cached tokens (block ids shuffled); q_len > 1:
+// speculative decodes of q_len tokens a request (seq_len C + 1), as CPU_MLA plans them.
+void BM_Latent(benchmark::State& state, int batch, int context, DType cache_dtype, int q_len) {
   const int seq = context + 1;
   const int64_t cols = (seq + kBlock - 1) / kBlock;
+  const int tokens = batch * q_len;
   cpu::CpuMlaMetadata plan;
   plan.num_decodes = plan.decode.num_decodes = batch;
-  plan.num_decode_tokens = plan.decode.num_decode_tokens = batch;
+  plan.num_decode_tokens = plan.decode.num_decode_tokens = tokens;
   plan.decode.seq_lens.assign(batch, seq);
   plan.decode.max_seq_len = seq;
   plan.block_size = kBlock;
-  plan.cpu_workspace = cpu::make_mla_decode_workspace(0, kHeads, kDims);
+  plan.cpu_workspace = cpu::make_mla_decode_workspace(0, kHeads, kDims, true, q_len);
   plan.decode_block_table.resize(static_cast<size_t>(batch * cols));
   std::iota(plan.decode_block_table.begin(), plan.decode_block_table.end(), 0);
   std::shuffle(plan.decode_block_table.begin(), plan.decode_block_table.end(), std::mt19937(7));
   plan.decode_block_table_cols = cols;
-  for (int r = 0; r <= batch; ++r) plan.decode_query_start_loc.push_back(r);
-  plan.decode_first_pos.assign(batch, seq - 1);
+  for (int r = 0; r <= batch; ++r) plan.decode_query_start_loc.push_back(r * q_len);
+  plan.decode_first_pos.assign(batch, seq - q_len);
   cpu::plan_mla_decode(plan, *plan.cpu_workspace);
 
   const float k_scale = 0.02f;
   Tensor cache(Shape{batch * cols, kBlock, kLatent}, cache_dtype);
   fill_random(cache, 1, k_scale);
-  Tensor q(Shape{batch, kHeads, kLatent}, DType::bf16), out(Shape{batch, kHeads, kRank}, DType::bf16);
-  Tensor lse(Shape{kHeads, batch}, DType::f32);
+  Tensor q(Shape{tokens, kHeads, kLatent}, DType::bf16), out(Shape{tokens, kHeads, kRank}, DType::bf16);
+  Tensor lse(Shape{kHeads, tokens}, DType::f32);
   fill_random(q, 2);
   const float scale = 1.f / std::sqrt(192.f);
   cpu::run_latent_decode(plan, q, cache, DType::bf16, scale, k_scale, out, lse);  // warm-up
@@ -136,7 +142,7 @@ void BM_Latent(benchmark::State& state, int batch, int context, DType cache_dtyp
     cpu::run_latent_decode(plan, q, cache, DType::bf16, scale, k_scale, out, lse);
     benchmark::ClobberMemory();
   }
-  report(state, counts(batch, context, cache_dtype));
+  report(state, counts(batch, context, cache_dtype, q_len));
   state.counters["items"] = static_cast<double>(plan.items.size());
 }
 
@@ -190,7 +196,7 @@ void BM_Layer(benchmark::State& state, int batch, int context) {
     layer.forward(q, kv_c, k_pe, cache, *metadata, out);
     benchmark::ClobberMemory();
   }
-  DecodeCounts c = counts(batch, context, DType::bf16);
+  DecodeCounts c = counts(batch, context, DType::bf16, 1);
   // + q·W_UK and o·W_UV: 2 · H · 2 · (P or V) · L per token
   c.flops += batch * kHeads * 2.0 * (kDims.qk_nope_head_dim + kDims.v_head_dim) * kRank;
   report(state, c);
@@ -246,11 +252,16 @@ void register_all() {
   for (const auto& [batch, context] : {std::pair{1, 4096}, std::pair{16, 1024}, std::pair{16, 4096},
                                        std::pair{64, 4096}}) {
     const std::string shape = std::to_string(batch) + "x" + std::to_string(context / 1024) + "k";
-    benchmark::RegisterBenchmark(("MlaLatent/" + shape).c_str(), BM_Latent, batch, context, DType::bf16)
+    benchmark::RegisterBenchmark(("MlaLatent/" + shape).c_str(), BM_Latent, batch, context, DType::bf16, 1)
         ->Unit(benchmark::kMillisecond)->UseRealTime();
   }
-  benchmark::RegisterBenchmark("MlaLatent/16x4k_fp8", BM_Latent, 16, 4096, DType::fp8_e4m3)
+  benchmark::RegisterBenchmark("MlaLatent/16x4k_fp8", BM_Latent, 16, 4096, DType::fp8_e4m3, 1)
       ->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (const int q : {2, 4, 8}) {  // speculative decodes of q tokens (beside MlaLatent/16x4k)
+    benchmark::RegisterBenchmark(("MlaLatent/16x4k_q" + std::to_string(q)).c_str(), BM_Latent, 16, 4096,
+                                 DType::bf16, q)
+        ->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
   benchmark::RegisterBenchmark("MlaLayer/16x4k", BM_Layer, 16, 4096)->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::RegisterBenchmark("MlaPrefill/1x2048", BM_Prefill, 1, 2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 }

@@ -7,18 +7,21 @@
 //     s_j        = scale · k_scale · (q_latent[t,h] · cache_row_j)          (L + R dims)
 //     o_latent   = Σ_j softmax(s)_j · k_scale · cache_row_j[:L]             (L dims)
 //     lse[h, t]  = log Σ_j e^{s_j}                                          (natural log)
-// over keys j in [0, seq_len_i) read through the request's block table. To the CPU kernels
+// over keys j in [0, seq_len_i - q_i + 1 + j_t) read through the request's block table (token t
+// the j_t-th of the request's q_i tokens: 1, or up to 1 + k with speculative decoding, each
+// attending causally). To the CPU kernels
 // this is one KV head (num_kv_heads 1) with group size H, head_size L + R, head_size_v L, and
 // a KvSource whose key and value pointers are the same cache base with the same strides: the
 // value of a key is the first L elements of its row (no separate V cache exists).
 //
-// Tiling: one work item per (decode request, key split): the item's H rows (every query head of
-// the one token) share each 64-key tile of the latent cache, packed once for Q·Kᵀ (576 dims) and
-// once for P·V (its first 512 dims, re-read from L1/L2). Split-KV: when the decodes give fewer
-// than kItemsPerThread items per thread, each request's keys are split in 64-key-aligned ranges
+// Tiling: one work item per (decode request, run of up to tokens_per_item of its tokens, key
+// split): the item's rows (every query head of its tokens; a speculative decode's tokens share
+// the tiles up to kMaxItemRows rows) share each 64-key tile of the latent cache, packed once for
+// Q·Kᵀ (576 dims) and once for P·V (its first 512 dims, re-read from L1/L2). Split-KV: when the
+// decodes give fewer than kItemsPerThread items per thread, each run's keys are split in 64-key-aligned ranges
 // of >= kMinSplitKeys keys; splits write unnormalised partial rows (O, max, sum) that merge
 // tasks combine (LSE merge), exactly as the CPU backend (cpu_plan.cpp). A batch-invariant builder
-// never splits (one item per decode token over all its keys: the same bits in any batch).
+// never splits (one item per token run over all its keys: the same bits in any batch).
 //
 // Memory traffic and floor: every latent row of a decode request is read once from DRAM
 // (Σ seq_len · (L + R) · cache bytes); q_latent (H · (L + R)) and o_latent (H · L) per token
@@ -64,21 +67,22 @@ constexpr const char* kName = "CPU_MLA";
 
 std::shared_ptr<CpuMlaDecodeWorkspace> make_mla_decode_workspace(int num_threads, int num_heads,
                                                                  const MLADimensions& dims,
-                                                                 bool split_kv) {
+                                                                 bool split_kv, int max_query_len) {
   auto ws = std::make_shared<CpuMlaDecodeWorkspace>();
   ws->num_threads = resolve_num_threads(num_threads);
   ws->split_kv = split_kv;
   ws->num_heads = num_heads;
-  ws->max_rows = num_heads;  // one decode token per item: H rows
+  ws->tokens_per_item = std::max(1, std::min(max_query_len, kMaxItemRows / std::max(1, num_heads)));
+  ws->max_rows = num_heads * ws->tokens_per_item;
   ws->head_size = dims.latent_head_size();
   ws->head_size_v = dims.kv_lora_rank;
   ws->scratch_stride = (thread_scratch_bytes(ws->head_size, ws->head_size_v, ws->max_rows) + 63) &
                        ~static_cast<size_t>(63);
-  // Splits exist only while decode tokens < target = kItemsPerThread * threads; each token then
-  // gets <= cdiv(target, tokens) splits, < 2 * target splits in all, H partial rows each.
+  // Splits exist only while the token runs < target = kItemsPerThread * threads; each run then
+  // gets <= cdiv(target, runs) splits, < 2 * target splits in all, <= max_rows partial rows each.
   if (ws->num_threads > 1 && split_kv) {
     ws->partial_capacity_rows =
-        2 * static_cast<int64_t>(kItemsPerThread) * ws->num_threads * num_heads;
+        2 * static_cast<int64_t>(kItemsPerThread) * ws->num_threads * ws->max_rows;
     ws->partial_o_stride = (ws->head_size_v + 15) / 16 * 16;
   }
   ws->buffers.start([threads = ws->num_threads, stride = ws->scratch_stride,
@@ -98,56 +102,64 @@ void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& ws, bool
   plan.items.clear();
   plan.merges.clear();
   plan.partial_rows_used = 0;
+  // Items take runs of up to tokens_per_item tokens of one request (a speculative decode's tokens
+  // share each key tile), the unit of an item and of its splits.
+  const int per_item = ws.tokens_per_item;
   int64_t base_items = 0;
-  for (int r = 0; r < num_decodes; ++r) base_items += qsl[r + 1] - qsl[r];
+  for (int r = 0; r < num_decodes; ++r) base_items += cdiv(qsl[r + 1] - qsl[r], per_item);
   const bool split_kv = !fast_build && ws.split_kv && ws.num_threads > 1 && base_items > 0 &&
                         base_items < target_items;
   const int64_t want_splits = split_kv ? cdiv(target_items, base_items) : 1;
 
-  auto item_for = [&](int r, int tok, int kb, int ke) {
+  // Keys [0, visible_end) a token sees (causal: position first_pos + (tok - qsl[r])).
+  auto visible_end = [&](int r, int tok) {
+    return std::min(seq_lens[r], plan.decode_first_pos[r] + (tok - qsl[r]) + 1);
+  };
+  auto item_for = [&](int r, int t0, int t1, int kb, int ke) {
     WorkItem item;
     item.kv_head = 0;
     item.req_begin = r;
     item.req_end = r + 1;
-    item.tok_begin = tok;
-    item.tok_end = tok + 1;
+    item.tok_begin = t0;
+    item.tok_end = t1;
     item.kv_begin = kb;
     item.kv_end = ke;
-    // Keys visible to this token inside [kb, ke) (causal: position first_pos + (tok - qsl[r])).
-    const int hi = std::min(seq_lens[r], plan.decode_first_pos[r] + (tok - qsl[r]) + 1);
-    item.cost = std::max(0, std::min(hi, ke) - kb) * heads * dims + 1;
+    int64_t keys = 0;  // keys of [kb, ke) its tokens see
+    for (int tok = t0; tok < t1; ++tok) keys += std::max(0, std::min(visible_end(r, tok), ke) - kb);
+    item.cost = keys * heads * dims + 1;
     return item;
   };
 
   for (int r = 0; r < num_decodes; ++r) {
-    for (int tok = qsl[r]; tok < qsl[r + 1]; ++tok) {
-      // One token per item (H rows: the scratch is sized for H rows).
-      const int hi = std::min(seq_lens[r], plan.decode_first_pos[r] + (tok - qsl[r]) + 1);
+    for (int t0 = qsl[r]; t0 < qsl[r + 1]; t0 += per_item) {
+      const int t1 = std::min(qsl[r + 1], t0 + per_item);
+      const int hi = visible_end(r, t1 - 1);  // the run's last token sees the most
+      const int64_t rows = static_cast<int64_t>(t1 - t0) * heads;
       int64_t splits = std::min<int64_t>({want_splits, hi / kMinSplitKeys, kMaxSplits});
       if (splits >= 2) {
         const int64_t chunk = cdiv(cdiv(hi, splits), kKeyTile) * kKeyTile;
         splits = cdiv(hi, chunk);
-        if (splits >= 2 && plan.partial_rows_used + splits * heads <= ws.partial_capacity_rows) {
+        if (splits >= 2 && plan.partial_rows_used + splits * rows <= ws.partial_capacity_rows) {
           MergeTask merge;
           merge.kv_head = 0;
-          merge.tok_begin = tok;
-          merge.tok_end = tok + 1;
+          merge.tok_begin = t0;
+          merge.tok_end = t1;
           merge.num_splits = static_cast<int32_t>(splits);
           merge.partial_base = static_cast<int32_t>(plan.partial_rows_used);
           for (int64_t s = 0; s < splits; ++s) {
             const int kb = static_cast<int>(s * chunk);
             const int ke = static_cast<int>(std::min<int64_t>(hi, (s + 1) * chunk));
-            WorkItem item = item_for(r, tok, kb, ke);
+            WorkItem item = item_for(r, t0, t1, kb, ke);
             item.partial_base = merge.partial_base;
             item.split_index = static_cast<int32_t>(s);
             plan.items.push_back(item);
           }
           plan.merges.push_back(merge);
-          plan.partial_rows_used += splits * heads;
+          plan.partial_rows_used += splits * rows;
           continue;
         }
       }
-      plan.items.push_back(item_for(r, tok, 0, seq_lens[r]));
+      plan.items.push_back(item_for(r, t0, t1, 0, seq_lens[r]));
     }
   }
   if (fast_build) return;  // batch order (dynamic scheduling balances the threads)
@@ -237,7 +249,7 @@ class CpuMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
                     kMaxKernelHeadSize);
     // Batch-invariant builders (config_ resolved by the common builder): no split-KV.
     cpu_workspace_ = make_mla_decode_workspace(config_.num_sms, config_.num_heads, dims,
-                                               !config_.batch_invariant);
+                                               !config_.batch_invariant, reorder_batch_threshold());
   }
 
   size_t workspace_bytes() const override {

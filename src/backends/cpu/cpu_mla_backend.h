@@ -28,7 +28,10 @@ namespace cpu {
 struct CpuMlaDecodeWorkspace {
   int num_threads = 1;
   int num_heads = 0;
-  int max_rows = 0;                   // rows of the largest item = num_heads
+  // Tokens of a decode request an item takes together (its rows share each key tile): a
+  // speculative decode's tokens, up to kMaxItemRows rows; 1 without speculative decoding.
+  int tokens_per_item = 1;
+  int max_rows = 0;                   // rows of the largest item = num_heads * tokens_per_item
   int head_size = 0, head_size_v = 0; // L + R, L
   // false (batch-invariant builders): every decode token is one item over all its keys, never
   // split, whatever the batch and the thread count; no partial rows are allocated.
@@ -41,7 +44,8 @@ struct CpuMlaDecodeWorkspace {
 };
 
 // The CPU decode plan, computed in build() (decode requests are requests [0, num_decodes)):
-// one work item per (decode request, key split), largest first; split-KV when the decodes give
+// one work item per (decode request, run of up to tokens_per_item of its tokens, key split),
+// largest first; split-KV when the decodes give
 // fewer than kItemsPerThread items per thread, each split writing partial rows that a merge
 // task combines by LSE.
 struct CpuMlaMetadata final : MLAMetadata {
@@ -59,10 +63,11 @@ struct CpuMlaMetadata final : MLAMetadata {
 };
 
 // The decode workspace of a builder (threads from resolve_num_threads(num_threads)); split_kv
-// false for a batch-invariant builder.
+// false for a batch-invariant builder; max_query_len: the most tokens a decode request has (the
+// builder's reorder_batch_threshold()).
 std::shared_ptr<CpuMlaDecodeWorkspace> make_mla_decode_workspace(int num_threads, int num_heads,
                                                                  const MLADimensions& dims,
-                                                                 bool split_kv = true);
+                                                                 bool split_kv = true, int max_query_len = 1);
 
 // The latent attention of a plan's decode tokens (forward_decode after its checks; also the
 // benchmark's entry): q_latent (Td, H, L + R) in `activation`, kv_cache (num_blocks, block_size,
@@ -75,8 +80,8 @@ void run_latent_decode(const CpuMlaMetadata& plan, const TensorView& q_latent,
 
 // The decode items and merges of `num_decodes` requests with the given query token ranges and
 // key counts (exposed for tests): fills items / merges / partial_rows_used of `plan`.
-// fast_build: one item per token in batch order (no split-KV, no cost ordering). A workspace
-// without split_kv: one item per token, largest first.
+// fast_build: one item per token run in batch order (no split-KV, no cost ordering). A workspace
+// without split_kv: one item per token run, largest first.
 void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& workspace,
                      bool fast_build = false);
 
