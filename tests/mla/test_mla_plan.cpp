@@ -66,6 +66,14 @@ void expect_error(const std::function<void()>& fn, const std::string& argument) 
 
 const KVCacheSpec kSpec = KVCacheSpec::mla(16, kDims.latent_head_size(), DType::f32);
 
+// The decode / prefill split of a plan: requests and tokens of each part.
+void expect_parts(const MLAMetadata& md, int decodes, int decode_tokens, int prefills, int prefill_tokens) {
+  EXPECT_EQ(md.num_decodes, decodes);
+  EXPECT_EQ(md.num_decode_tokens, decode_tokens);
+  EXPECT_EQ(md.num_prefills, prefills);
+  EXPECT_EQ(md.num_prefill_tokens, prefill_tokens);
+}
+
 TEST(MLAPlan, SplitAndChunkedContextAsVllm) {
   mla::MLACommonMetadataBuilder builder(kSpec, config(5, 64, 512, 80), Device::cpu);
   EXPECT_EQ(builder.reorder_batch_threshold(), 1);
@@ -74,10 +82,7 @@ TEST(MLAPlan, SplitAndChunkedContextAsVllm) {
   const auto base = builder.build(0, common.common);
   const auto& md = dynamic_cast<const MLAMetadata&>(*base);
   EXPECT_EQ(md.num_actual_tokens, 9);
-  EXPECT_EQ(md.num_decodes, 2);
-  EXPECT_EQ(md.num_decode_tokens, 2);
-  EXPECT_EQ(md.num_prefills, 3);
-  EXPECT_EQ(md.num_prefill_tokens, 7);
+  expect_parts(md, 2, 2, 3, 7);
   EXPECT_EQ(md.slot_mapping.size(0), 9);
   EXPECT_EQ(md.workspace->workspace_tokens, 80);
   EXPECT_EQ(md.decode.seq_lens, (std::vector<int32_t>{20, 5}));
@@ -132,10 +137,7 @@ TEST(MLAPlan, SpeculativeDecodesAreDecodesOfTheirTokens) {
   const auto common = batch({{19, 1}, {30, 4}, {0, 0}, {0, 2}, {7, 3}, {40, 5}});
   const auto base = builder.build(0, common.common);
   const auto& md = dynamic_cast<const MLAMetadata&>(*base);
-  EXPECT_EQ(md.num_decodes, 4);
-  EXPECT_EQ(md.num_decode_tokens, 10);
-  EXPECT_EQ(md.num_prefills, 1);
-  EXPECT_EQ(md.num_prefill_tokens, 5);
+  expect_parts(md, 4, 10, 1, 5);
   EXPECT_EQ(md.decode.seq_lens, (std::vector<int32_t>{20, 34, 2, 10}));
   EXPECT_EQ(md.decode.query_start_loc, (std::vector<int32_t>{0, 1, 5, 7, 10}));
   EXPECT_EQ(md.decode.token_seq_lens, (std::vector<int32_t>{20, 31, 32, 33, 34, 1, 2, 8, 9, 10}));
@@ -159,9 +161,7 @@ TEST(MLAPlan, SpeculativeDecodesAreDecodesOfTheirTokens) {
   EXPECT_EQ(plain.reorder_batch_threshold(), 1);
   const auto common1 = batch({{19, 1}, {30, 4}, {0, 2}, {7, 3}});
   const auto& md1 = dynamic_cast<const MLAMetadata&>(*plain.build(0, common1.common));
-  EXPECT_EQ(md1.num_decodes, 1);
-  EXPECT_EQ(md1.num_decode_tokens, 1);
-  EXPECT_EQ(md1.num_prefills, 3);
+  expect_parts(md1, 1, 1, 3, 9);
   // A speculative decode after a prefill is out of order.
   expect_error([&] { builder.build(0, batch({{40, 5}, {19, 2}}).common); }, "common");
 }
