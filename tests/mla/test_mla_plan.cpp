@@ -160,7 +160,8 @@ TEST(MLAPlan, SpeculativeDecodesAreDecodesOfTheirTokens) {
   mla::MLACommonMetadataBuilder plain(kSpec, config(6, 64, 512, 96), Device::cpu);
   EXPECT_EQ(plain.reorder_batch_threshold(), 1);
   const auto common1 = batch({{19, 1}, {30, 4}, {0, 2}, {7, 3}});
-  const auto& md1 = dynamic_cast<const MLAMetadata&>(*plain.build(0, common1.common));
+  const auto base1 = plain.build(0, common1.common);
+  const auto& md1 = dynamic_cast<const MLAMetadata&>(*base1);
   expect_parts(md1, 1, 1, 3, 9);
   // A speculative decode after a prefill is out of order.
   expect_error([&] { builder.build(0, batch({{40, 5}, {19, 2}}).common); }, "common");
