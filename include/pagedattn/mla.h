@@ -8,7 +8,8 @@
 //   kv_b_proj weight (H*(P+V), L) (a Linear's (out, in)): row h*(P+V) + i, i < P is W_UK[h][i],
 //   i >= P is W_UV[h][i-P]; both map a latent kv_c (L) to one head's k_nope (P) / v (V).
 //
-// Data flow of MLAAttention::forward (tokens ordered decodes first, reorder threshold 1):
+// Data flow of MLAAttention::forward (tokens ordered decodes first, reorder threshold 1, or 1 + k
+// with k speculative tokens: MLADecodeMetadata):
 //   concat_and_cache_mla(kv_c_normed, k_pe) -> latent cache (num_blocks, block_size, L + R)
 //   decode tokens (absorbed, attention as MQA over the latent cache):
 //     q_latent[t,h] = [q_nope[t,h] · W_UK[h] (L), q_pe[t,h] (R)]          (T_d, H, L + R)

@@ -1,7 +1,7 @@
 // Internal: the parts every MLA backend shares (vLLM's MLACommonMetadataBuilder / MLACommonImpl).
 //
 //   MLAWorkspace              the step buffers, allocated once by the builder for its limits
-//   MLACommonMetadataBuilder  the plan: decode/prefill split (decodes first, threshold 1), the
+//   MLACommonMetadataBuilder  the plan: decode/prefill split (decodes first, threshold 1 or 1 + k), the
 //                             prefill request arrays, the chunked-context plan (mla.h), device
 //                             copies; a backend adds its decode plan in plan_decode()
 //   MLACommonImpl             the run: cache write, absorbed decode around the backend's latent
@@ -29,12 +29,13 @@
 namespace pagedattn {
 
 // Step buffers of one MLA forward (dims from BuilderConfig; T = max_num_batched_tokens,
-// S = max_num_seqs, W = chunked-prefill workspace tokens, rows = max(T, W)). All on the
+// S = max_decode_tokens() = min(T, max_num_seqs x reorder threshold), W = chunked-prefill
+// workspace tokens, rows = max(T, W)). All on the
 // builder's device, activation dtype unless noted. kv_up / k_full hold one up-projected context
 // chunk: with H = 128 and vLLM's default W = 64Ki that is several GiB, so large-H deployments
 // should pass a smaller BuilderConfig::mla_chunked_prefill_workspace_tokens.
 struct MLAStepBuffers {
-  // decode (at most S decode tokens: threshold 1)
+  // decode (at most S decode tokens)
   Tensor q_latent;      // (S, H, L + R)
   Tensor o_latent;      // (S, H, L)
   Tensor decode_lse;    // (H, S) f32
