@@ -126,7 +126,7 @@ void BM_Latent(benchmark::State& state, int batch, int context, DType cache_dtyp
   std::iota(plan.decode_block_table.begin(), plan.decode_block_table.end(), 0);
   std::shuffle(plan.decode_block_table.begin(), plan.decode_block_table.end(), std::mt19937(7));
   plan.decode_block_table_cols = cols;
-  for (int r = 0; r <= batch; ++r) plan.decode_query_start_loc.push_back(r * q_len);
+  for (int r = 0; r <= batch; ++r) plan.decode.query_start_loc.push_back(r * q_len);
   plan.decode_first_pos.assign(batch, seq - q_len);
   cpu::plan_mla_decode(plan, *plan.cpu_workspace);
 

@@ -185,9 +185,8 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   const int base_iters = std::max(3, std::min(200, static_cast<int>(2e8 / (work * heads + 1e6)) + 3));
   const int iters = std::max(base_iters, rotations);  // every rotation at least once per repeat
   Row row;
-  row.grid = q_len > 1 ? "spec" : "decode";
-  row.name = "H" + std::to_string(heads) + " B" + std::to_string(batch) + " ctx" + std::to_string(context / 1024) + "k" +
-             (q_len > 1 ? " q" + std::to_string(q_len) : "");
+  row.grid = "decode";  // (the caller names its speculative rows)
+  row.name = "H" + std::to_string(heads) + " B" + std::to_string(batch) + " ctx" + std::to_string(context / 1024) + "k";
   row.ms = time_events(run, quick ? rotations : iters);
   // The floor reads each request's latent rows once (its tokens share them) and does every
   // token's FLOPs.

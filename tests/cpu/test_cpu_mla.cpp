@@ -309,8 +309,8 @@ TEST(CpuMlaDecodePlan, SplitsCoverEveryKeyOnce) {
       const int n = static_cast<int>(seq_lens.size());
       plan.num_decodes = n;
       plan.decode.seq_lens = seq_lens;
-      plan.decode_query_start_loc.resize(n + 1);
-      for (int r = 0; r <= n; ++r) plan.decode_query_start_loc[r] = r;
+      plan.decode.query_start_loc.resize(n + 1);
+      for (int r = 0; r <= n; ++r) plan.decode.query_start_loc[r] = r;
       for (int r = 0; r < n; ++r) plan.decode_first_pos.push_back(seq_lens[r] - 1);
       plan_mla_decode(plan, ws);
       EXPECT_LE(plan.partial_rows_used, ws.partial_capacity_rows);
@@ -365,7 +365,7 @@ void check_latent_decode(const DecodeShape& s, DType activation, DType cache_dty
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng);
   plan.decode_block_table.assign(pool.begin(), pool.begin() + n * cols);
-  for (int r = 0; r <= n; ++r) plan.decode_query_start_loc.push_back(r);
+  for (int r = 0; r <= n; ++r) plan.decode.query_start_loc.push_back(r);
   for (int r = 0; r < n; ++r) plan.decode_first_pos.push_back(s.seq_lens[r] - 1);
   plan_mla_decode(plan, *plan.cpu_workspace);
 

@@ -97,7 +97,7 @@ void plan_mla_decode(CpuMlaMetadata& plan, const CpuMlaDecodeWorkspace& ws, bool
   const int heads = ws.num_heads;
   const int64_t dims = ws.head_size + ws.head_size_v;
   const int64_t target_items = static_cast<int64_t>(kItemsPerThread) * ws.num_threads;
-  const int32_t* qsl = plan.decode_query_start_loc.data();
+  const int32_t* qsl = plan.decode.query_start_loc.data();
   const int32_t* seq_lens = plan.decode.seq_lens.data();
   plan.items.clear();
   plan.merges.clear();
@@ -215,7 +215,7 @@ void run_latent_decode(const CpuMlaMetadata& plan, const TensorView& q_latent,
   args.v_scale = k_scale;
   args.causal = true;
   args.precision = mla_precision(kernels, activation, cache_dtype);
-  args.query_start_loc = plan.decode_query_start_loc.data();
+  args.query_start_loc = plan.decode.query_start_loc.data();
   args.seq_lens = plan.decode.seq_lens.data();
   args.first_query_pos = plan.decode_first_pos.data();
   // This decode's own scratch and partial rows (a new set only while decodes overlap).
@@ -274,7 +274,6 @@ class CpuMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     // its row of the block table is that of its first token (block_table has one per token).
     const int n = metadata.num_decodes;
     const std::vector<int32_t>& qsl = metadata.decode.query_start_loc;
-    plan->decode_query_start_loc = qsl;
     plan->decode_first_pos.resize(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) plan->decode_first_pos[r] = metadata.decode.seq_lens[r] - (qsl[r + 1] - qsl[r]);
     plan->block_size = spec_.block_size;

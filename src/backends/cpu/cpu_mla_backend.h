@@ -49,7 +49,6 @@ struct CpuMlaDecodeWorkspace {
 // fewer than kItemsPerThread items per thread, each split writing partial rows that a merge
 // task combines by LSE.
 struct CpuMlaMetadata final : MLAMetadata {
-  std::vector<int32_t> decode_query_start_loc;  // (num_decodes + 1,) decode token axis
   std::vector<int32_t> decode_first_pos;        // (num_decodes,) seq_len - query_len
   // The decode rows of the step's block table, copied (the plan does not depend on the
   // caller's tensor): (num_decodes, decode_block_table_cols) row-major, the blocks in use.

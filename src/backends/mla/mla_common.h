@@ -128,6 +128,12 @@ void cuda_quantize_e4m3_3d(const TensorView& src, const TensorView& dst, const T
 #endif
 
 // ---- plan -----------------------------------------------------------------------------------
+// The MLA builders' reorder_batch_threshold(): decodes first, always: 1, or 1 + k with k
+// speculative tokens (those requests are decodes too).
+inline int mla_decode_threshold(const BuilderConfig& config) {
+  return std::max(1, speculative_decode_threshold(config));
+}
+
 class MLACommonMetadataBuilder : public AttentionMetadataBuilder {
  public:
   MLACommonMetadataBuilder(KVCacheSpec spec, const BuilderConfig& config, Device device);
@@ -140,8 +146,7 @@ class MLACommonMetadataBuilder : public AttentionMetadataBuilder {
   std::shared_ptr<const AttentionMetadata> build(int common_prefix_len,
                                                  const CommonAttentionMetadata& common,
                                                  bool fast_build = false) override;
-  // Decodes first, always: 1, or 1 + num_speculative_tokens (those requests are decodes too).
-  int reorder_batch_threshold() const override { return std::max(1, speculative_decode_threshold(config_)); }
+  int reorder_batch_threshold() const override { return mla_decode_threshold(config_); }
   // The most decode tokens a step can hold (the decode buffers' rows):
   // min(max_num_batched_tokens, max_num_seqs * reorder_batch_threshold()).
   int64_t max_decode_tokens() const;

@@ -100,10 +100,9 @@ TensorView copy_slot_mapping_into(const Tensor& storage, const TensorView& slots
 
 // CUDA: the decode tokens' block-table rows (their first `cols` columns; reqs[t] = token t's
 // request) into `table` (rows of table.size(1) columns): one 2-D copy per run of consecutive
-// requests, or, when `uniform_q` > 1 tokens each of consecutive requests (speculative decodes),
-// one 2-D copy per token index.
-TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::vector<int>& reqs, int64_t cols,
-                          int uniform_q) {
+// requests, or, when consecutive requests have q > 1 tokens each (speculative decodes), one 2-D
+// copy per token index.
+TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::vector<int>& reqs, int64_t cols) {
   const int64_t n = static_cast<int64_t>(reqs.size());
   const int64_t stride = table.shape()[1];
   auto* dst = static_cast<int32_t*>(table.data());
@@ -111,16 +110,16 @@ TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::
     PAGEDATTN_CHECK(bt.stride(1) == 1, "common.block_table_tensor", kWho, "block_table_tensor is ", bt.describe(),
                     ": CUDA plans copy its rows and need them packed (column stride 1)");
     const auto* src = bt.data_as<const int32_t>();
-    const int64_t requests = uniform_q > 1 ? n / uniform_q : 0;
-    if (requests > 0 && reqs.back() - reqs.front() + 1 == requests) {
-      for (int j = 0; j < uniform_q; ++j) {
-        detail::memcpy_d2d_2d(dst + j * stride, static_cast<size_t>(uniform_q * stride) * sizeof(int32_t),
-                              src + reqs.front() * bt.stride(0), static_cast<size_t>(bt.stride(0)) * sizeof(int32_t),
-                              static_cast<size_t>(cols) * sizeof(int32_t), static_cast<size_t>(requests));
-      }
-      return TensorView(dst, DType::i32, Shape{n, stride}, Shape{stride, 1}, bt.device(), table.view().device_index());
+    int64_t uniform_q = 1;  // reqs = r0 x q, r0 + 1 x q, ...?
+    while (uniform_q < n && reqs[uniform_q] == reqs.front()) ++uniform_q;
+    bool uniform = uniform_q > 1 && n % uniform_q == 0;
+    for (int64_t t = 0; t < n && uniform; ++t) uniform = reqs[t] == reqs.front() + t / uniform_q;
+    for (int64_t j = 0; uniform && j < uniform_q; ++j) {
+      detail::memcpy_d2d_2d(dst + j * stride, static_cast<size_t>(uniform_q * stride) * sizeof(int32_t),
+                            src + reqs.front() * bt.stride(0), static_cast<size_t>(bt.stride(0)) * sizeof(int32_t),
+                            static_cast<size_t>(cols) * sizeof(int32_t), static_cast<size_t>(n / uniform_q));
     }
-    for (int64_t i = 0; i < n;) {
+    for (int64_t i = 0; !uniform && i < n;) {
       int64_t run = 1;
       while (i + run < n && reqs[i + run] == reqs[i] + run) ++run;
       detail::memcpy_d2d_2d(dst + i * stride, static_cast<size_t>(stride) * sizeof(int32_t),
@@ -135,8 +134,7 @@ TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::
 // min(max_num_batched_tokens, max_num_seqs * the reorder threshold): the most decode tokens a step
 // holds (MLACommonMetadataBuilder::max_decode_tokens).
 int64_t decode_token_capacity(const BuilderConfig& c) {
-  const int64_t threshold = std::max(1, speculative_decode_threshold(c));
-  return std::min<int64_t>(c.max_num_batched_tokens, int64_t{c.max_num_seqs} * threshold);
+  return std::min<int64_t>(c.max_num_batched_tokens, int64_t{c.max_num_seqs} * mla_decode_threshold(c));
 }
 
 int64_t workspace_tokens_of(const BuilderConfig& c, int block_size) {
@@ -377,13 +375,11 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   dec.num_decodes = num_decodes;
   dec.num_decode_tokens = md->num_decode_tokens;
   dec.query_start_loc.assign(1, 0);
-  int uniform_q = 0;  // the decodes' common token count (0: they differ)
   for (int r : decode_reqs) {
     const int q = qsl[r + 1] - qsl[r];
     dec.seq_lens.push_back(seq_lens[r]);
     dec.query_start_loc.push_back(dec.query_start_loc.back() + q);
     for (int j = 0; j < q; ++j) dec.token_seq_lens.push_back(seq_lens[r] - q + 1 + j);
-    uniform_q = r == decode_reqs.front() ? q : uniform_q == q ? q : 0;
   }
   dec.max_seq_len = num_decodes > 0 ? *std::max_element(dec.seq_lens.begin(), dec.seq_lens.end()) : 0;
   if (device_ == Device::cpu) dec.block_table = part_block_table(bt, token_reqs, dec.block_table_storage);
@@ -472,8 +468,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   DeviceArrays* a = arrays_.get();
   if (a != nullptr) {
     md->slot_mapping = copy_slot_mapping_into(a->slot_mapping, md->slot_mapping, common.num_actual_tokens);
-    dec.block_table = copy_rows_into(a->decode_block_table, bt, token_reqs, cdiv(dec.max_seq_len, spec_.block_size),
-                                     uniform_q);
+    dec.block_table = copy_rows_into(a->decode_block_table, bt, token_reqs, cdiv(dec.max_seq_len, spec_.block_size));
   }
   dec.seq_lens_device = place(dec.token_seq_lens, a ? &a->decode_seq_lens : nullptr, Shape{num_decode_tokens});
   if (md->prefill) {
