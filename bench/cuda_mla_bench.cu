@@ -11,9 +11,12 @@
 // over disjoint block sets (>= 512 MB per rotation) so L2 never holds the working set.
 //   latent bytes = sum_b seq_b * 576 * 2 (+ Q and O);  FLOPs = 2 * H * seq * (576 + 512)
 //   floor = max(bytes / copy bandwidth, FLOPs / GEMM rate)
-// Speculative decodes ("spec" rows, issue 18): B64 x 4k with q = 1, 2, 4, 8 tokens a request, run
-// as the builder plans them (one kernel request per token); their floor reads each request's
-// latent rows once and does every token's FLOPs.
+// Speculative decodes ("spec" rows, issue 18): 16, 32 and 128 heads, B64 x 4k with q = 1, 2, 4, 8 tokens a request, run
+// as the builder plans them (a request's tokens are its rows: one pass over its keys per row
+// tile) and, as a same-run baseline ("spec-token" rows), with every token its own request; their
+// floor reads each request's latent rows once and does every token's FLOPs.
+// fp8 rows ("decode-fp8"): the same decode over an fp8 e4m3 latent cache (k_scale 1), floor =
+// its bytes (half of bf16's) / copy bandwidth.
 // Prefill (H heads, DeepSeek dims, bf16): the "CUDA" prefill backend's attention alone (new
 // tokens causal + one context chunk) and the whole MLAAttention forward on CUDA_MLA (cache
 // write, up-projection GEMMs, gather, attention, LSE merge).
@@ -89,30 +92,39 @@ struct Row {
 
 // ---- decode -------------------------------------------------------------------------------
 
-// q_len > 1: speculative decodes of q_len tokens a request (seq_len `context`), as the builder plans them:
-// one kernel request per token (token j sees context - q_len + 1 + j keys) through its request's
-// block-table row.
+// q_len > 1: speculative decodes of q_len tokens a request (seq_len `context`; token j sees
+// context - q_len + 1 + j keys), as the builder plans them (the request's tokens are its rows) or,
+// token_requests, with each token a request of its own through its request's block-table row.
+// cache: bf16, or fp8_e4m3 (the pool then holds fp8 codes; k_scale 1).
 Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublasHandle_t h, void* pool,
-                 size_t pool_bytes, bool quick, int q_len = 1) {
+                 size_t pool_bytes, bool quick, int q_len = 1, bool token_requests = false,
+                 DType cache = DType::bf16) {
+  const int elem = static_cast<int>(dtype_size(cache));
   constexpr int kBs = 64;
   const int tokens = batch * q_len;
   const int cols = context / kBs;
   const int64_t blocks_needed = static_cast<int64_t>(batch) * cols;
-  const size_t block_bytes = size_t{kBs} * md::kLatent * 2;
+  const size_t block_bytes = size_t{kBs} * md::kLatent * elem;
   const int64_t pool_blocks = static_cast<int64_t>(pool_bytes / block_bytes);
   const size_t case_bytes = blocks_needed * block_bytes;
   const int rotations = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>(pool_blocks / blocks_needed, (size_t{512} << 20) / case_bytes + 1)));
-  std::vector<int32_t> seqs;
+  // Requests of q_len tokens (token t sees context - q_len + 1 + t keys): the kernel's rows.
+  std::vector<int32_t> seqs, qsl = {0};
   for (int b = 0; b < batch; ++b) {
-    for (int j = 0; j < q_len; ++j) seqs.push_back(context - q_len + 1 + j);
+    if (token_requests) {
+      for (int j = 0; j < q_len; ++j) seqs.push_back(context - q_len + 1 + j);
+    } else {
+      seqs.push_back(context);
+      qsl.push_back(qsl.back() + q_len);
+    }
   }
-  const md::DecodeKernel kernel = md::resolve_decode_kernel(heads, DType::bf16);  // as the builder's plans
-  const int rows = md::rows_per_cta(kernel);
-  const int head_tiles = (heads + rows - 1) / rows;
+  const int rows_per_request = (token_requests ? 1 : q_len) * heads;
+  const md::DecodeKernel kernel = md::resolve_decode_kernel(rows_per_request, cache);  // as the builder's plans
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  const md::Plan plan = md::make_plan(seqs, std::max(1, sms / head_tiles));
+  const md::Plan plan = md::make_plan(seqs, token_requests ? std::vector<int32_t>{} : qsl,
+                                      std::max(1, sms / md::row_tiles(kernel, rows_per_request)));
 
   // Device plan + block tables (one per rotation, disjoint blocks, random permutations; a
   // request's row once per token).
@@ -129,7 +141,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   }
   int32_t *bt_d = nullptr, *part_d = nullptr;
   md::Segment* seg_d = nullptr;
-  md::RequestSplit* split_d = nullptr;
+  md::DecodeRequest* req_d = nullptr;
   float *po = nullptr, *pl = nullptr;
   void *q = nullptr, *out = nullptr;
   float* lse = nullptr;
@@ -139,11 +151,11 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   BENCH_CUDA(cudaMemcpy(part_d, plan.part_begin.data(), plan.part_begin.size() * 4, cudaMemcpyHostToDevice));
   BENCH_CUDA(cudaMalloc(&seg_d, plan.segments.size() * sizeof(md::Segment)));
   BENCH_CUDA(cudaMemcpy(seg_d, plan.segments.data(), plan.segments.size() * sizeof(md::Segment), cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMalloc(&split_d, plan.splits.size() * sizeof(md::RequestSplit)));
-  BENCH_CUDA(cudaMemcpy(split_d, plan.splits.data(), plan.splits.size() * sizeof(md::RequestSplit), cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMalloc(&req_d, plan.requests.size() * sizeof(md::DecodeRequest)));
+  BENCH_CUDA(cudaMemcpy(req_d, plan.requests.data(), plan.requests.size() * sizeof(md::DecodeRequest), cudaMemcpyHostToDevice));
   const int64_t slots = std::max(1, plan.num_partial_slots);
-  BENCH_CUDA(cudaMalloc(&po, slots * heads * md::kValue * 4));
-  BENCH_CUDA(cudaMalloc(&pl, slots * heads * 4));
+  BENCH_CUDA(cudaMalloc(&po, slots * rows_per_request * md::kValue * 4));
+  BENCH_CUDA(cudaMalloc(&pl, slots * rows_per_request * 4));
   BENCH_CUDA(cudaMalloc(&q, size_t{2} * tokens * heads * md::kLatent));
   BENCH_CUDA(cudaMalloc(&out, size_t{2} * tokens * heads * md::kValue));
   BENCH_CUDA(cudaMalloc(&lse, size_t{4} * tokens * heads));
@@ -168,17 +180,18 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   p.lse_token_stride = 1;
   p.segments = seg_d;
   p.part_begin = part_d;
-  p.splits = split_d;
+  p.requests = req_d;
   p.partial_out = po;
   p.partial_lse = pl;
-  p.num_requests = tokens;
+  p.num_requests = static_cast<int32_t>(plan.requests.size());
+  p.tokens_per_request = plan.tokens_per_request;
   p.scale_log2 = 0.0722f * 1.4426950408889634f;
   p.out_scale = 1.f;
   int rot = 0;
   auto run = [&] {
     p.block_table = bt_d + static_cast<int64_t>(rot) * table_entries;
     rot = (rot + 1) % rotations;
-    md::launch_decode(p, DType::bf16, DType::bf16, kernel, plan.num_parts, plan.any_split, current_cuda_stream());
+    md::launch_decode(p, DType::bf16, cache, kernel, plan.num_parts, plan.any_split, current_cuda_stream());
   };
   for (int i = 0; i < 3; ++i) run();
   const double work = double(batch) * context;
@@ -191,8 +204,8 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   // The floor reads each request's latent rows once (its tokens share them) and does every
   // token's FLOPs.
   double token_keys = 0;
-  for (const int32_t s : seqs) token_keys += s;
-  row.bytes = work * md::kLatent * 2 + double(tokens) * heads * (md::kLatent + md::kValue) * 2;
+  for (int t = 0; t < q_len; ++t) token_keys += double(batch) * (context - q_len + 1 + t);
+  row.bytes = work * md::kLatent * elem + double(tokens) * heads * (md::kLatent + md::kValue) * 2;
   row.flops = 2.0 * heads * token_keys * (md::kLatent + md::kValue);
   row.floor_ms = std::max(row.bytes / (ceil.copy_tbps * 1e12), row.flops / (ceil.gemm_tflops * 1e12)) * 1e3;
 
@@ -200,7 +213,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   const size_t dense = static_cast<size_t>(batch) * context * md::kLatent * 2;
   const size_t s_bytes = static_cast<size_t>(batch) * heads * context * 4;
   void *k_dense = nullptr, *sc = nullptr, *pp = nullptr;
-  if (q_len == 1 && dense + s_bytes * 3 / 2 < (size_t{24} << 30) && cudaMalloc(&k_dense, dense) == cudaSuccess &&
+  if (q_len == 1 && cache == DType::bf16 && dense + s_bytes * 3 / 2 < (size_t{24} << 30) && cudaMalloc(&k_dense, dense) == cudaSuccess &&
       cudaMalloc(&sc, s_bytes) == cudaSuccess && cudaMalloc(&pp, s_bytes / 2) == cudaSuccess) {
     fill(k_dense, dense / 2, DType::bf16, 13);
     const float one = 1.f, zero = 0.f;
@@ -219,7 +232,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
     peer();
     row.peer_ms = time_events(peer, quick ? 1 : base_iters);
     row.peer = "cuBLAS GEMM attention (dense latent)";
-  } else if (q_len == 1) {
+  } else if (q_len == 1 && cache == DType::bf16) {
     cudaGetLastError();
     row.peer = "cuBLAS peer skipped (memory)";
   }
@@ -227,7 +240,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   cudaFree(sc);
   cudaFree(pp);
   for (void* x : {static_cast<void*>(bt_d), static_cast<void*>(part_d), static_cast<void*>(seg_d),
-                  static_cast<void*>(split_d), static_cast<void*>(po), static_cast<void*>(pl), q, out,
+                  static_cast<void*>(req_d), static_cast<void*>(po), static_cast<void*>(pl), q, out,
                   static_cast<void*>(lse)})
     cudaFree(x);
   return row;
@@ -434,14 +447,35 @@ int main(int argc, char** argv) {
         }
       }
     }
-    // Speculative decodes (q tokens a request, the builder's per-token plan): B64 x 4k, q 1..8.
-    for (const int heads : {16, 128}) {
+    // Speculative decodes (q tokens a request, the builder's plan), and each token a request of
+    // its own as the same-run baseline: B64 x 4k, q 1..8.
+    for (const int heads : {16, 32, 128}) {
       for (const int q : {1, 2, 4, 8}) {
-        if (quick && q != 4) continue;
-        const std::string name = "H" + std::to_string(heads) + " B64 ctx4k q" + std::to_string(q);
+        if (quick && (q != 4 || heads == 32)) continue;
+        for (const bool per_token : {false, true}) {
+          if (per_token && q == 1) continue;
+          const std::string name =
+              "H" + std::to_string(heads) + " B64 ctx4k q" + std::to_string(q) + (per_token ? " per-token" : "");
+          if (!only.empty() && name.find(only) == std::string::npos) continue;
+          rows.push_back(bench_decode(heads, 64, 4096, ceil, h, pool, pool_bytes, quick, q, per_token));
+          rows.back().grid = per_token ? "spec-token" : "spec";
+          rows.back().name = name;
+          const Row& r = rows.back();
+          std::printf("%-32s %8.3f ms  floor %.3f\n", r.name.c_str(), r.ms, r.floor_ms);
+          std::fflush(stdout);
+        }
+      }
+    }
+    // An fp8 e4m3 latent cache (issue 18: 90% of its floor): the pool refilled with fp8 codes.
+    fill(pool, pool_bytes, DType::fp8_e4m3, 6);
+    for (const int heads : {16, 128}) {
+      for (const auto& [batch, ctx] : {std::pair{1, 4096}, {32, 4096}, {128, 4096}, {32, 16384}, {128, 16384}}) {
+        if (quick && batch != 128) continue;
+        const std::string name = "H" + std::to_string(heads) + " B" + std::to_string(batch) + " ctx" +
+                                 std::to_string(ctx / 1024) + "k fp8";
         if (!only.empty() && name.find(only) == std::string::npos) continue;
-        rows.push_back(bench_decode(heads, 64, 4096, ceil, h, pool, pool_bytes, quick, q));
-        rows.back().grid = "spec";
+        rows.push_back(bench_decode(heads, batch, ctx, ceil, h, pool, pool_bytes, quick, 1, false, DType::fp8_e4m3));
+        rows.back().grid = "decode-fp8";
         rows.back().name = name;
         const Row& r = rows.back();
         std::printf("%-24s %8.3f ms  floor %.3f\n", r.name.c_str(), r.ms, r.floor_ms);

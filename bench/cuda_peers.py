@@ -18,8 +18,10 @@ row with one printed line.
                CUDA-core kernel, or with --fi-decode-tensor-cores its tensor-core "fa2" kernels),
                BatchPrefillWithPagedKVCacheWrapper (causal) on prefill, mixed and spec rows at
                --fi-prefill-head-sizes (default 128: each prefill module is a long nvcc build),
-               BatchMLAPagedAttentionWrapper on MLA decode rows (kv_lora_rank 512, rope 64, page 64);
-               bf16 Q on a bf16 or fp8 e4m3 cache (k_scale / v_scale given to run(), as vLLM does).
+               BatchMLAPagedAttentionWrapper on MLA decode rows (kv_lora_rank 512, rope 64, page 64;
+               bf16 and "decode-fp8" e4m3 latent caches, scale 1 as ours) and on the MLA "spec" rows
+               (q tokens a request, causal among them); bf16 Q on a bf16 or fp8 e4m3 cache
+               (GQA rows: k_scale / v_scale given to run(), as vLLM does).
                plan() outside the timed region, run() inside. Every module the rows need is JIT-built
                first in one parallel ninja run, into $FLASHINFER_WORKSPACE_BASE (default /tmp/...).
 The fp8out rows (fused fp8 output against bf16 output + a separate quantize) and the fp8q rows (an e4m3
@@ -135,10 +137,14 @@ def row_requests(row):
 
 
 def mla_shape(row):
-    """(heads, [(new tokens, keys)]) of a cuda_mla_bench decode row or prefill attention row, else None."""
-    m = re.fullmatch(r"H(\d+) B(\d+) ctx(\d+)k", row["name"])
-    if m and row["grid"] == "decode":
+    """(heads, [(new tokens, keys)]) of a cuda_mla_bench decode row (bf16 or fp8 cache), speculative
+    decode row or prefill attention row, else None."""
+    m = re.fullmatch(r"H(\d+) B(\d+) ctx(\d+)k( fp8)?", row["name"])
+    if m and row["grid"] in ("decode", "decode-fp8"):
         return int(m[1]), [(1, int(m[3]) * 1024)] * int(m[2])
+    m = re.fullmatch(r"H(\d+) B(\d+) ctx(\d+)k q(\d+)", row["name"])
+    if m and row["grid"] == "spec":
+        return int(m[1]), [(int(m[4]), int(m[3]) * 1024)] * int(m[2])
     m = re.fullmatch(r"H(\d+) (\d+)x(\d+)k(?: \+(\d+)k ctx)? attention", row["name"])
     if m and row["grid"] == "prefill":
         new, ctx = int(m[3]) * 1024, int(m[4] or 0) * 1024
@@ -371,7 +377,7 @@ class FlashInfer:
         if kind == "prefill":
             return self.jit.gen_batch_prefill_module(self.prefill_backend(kvdt, d), BF16, kvdt, BF16, torch.int32,
                                                      d, d, 0, False, False, False)
-        return self.jit.gen_batch_mla_module(self.mla_backend, BF16, BF16, BF16, torch.int32, MLA_LATENT, MLA_ROPE,
+        return self.jit.gen_batch_mla_module(self.mla_backend, BF16, kvdt, BF16, torch.int32, MLA_LATENT, MLA_ROPE,
                                              False)
 
     def prebuild(self, configs, late):
@@ -473,33 +479,37 @@ class FlashInfer:
         ms, graph = timed(calls, iters_for(ours_ms))
         return result(ms, graph, kv_bytes, flops, err)
 
-    def mla(self, reqs, heads, rot):
+    def mla(self, reqs, heads, rot, kvdt):
         n_pages, plans = self.tables(reqs, MLA_PAGE, rot)
-        cache = rand((n_pages, MLA_PAGE, MLA_LATENT + MLA_ROPE), BF16)
+        cache = rand((n_pages, MLA_PAGE, MLA_LATENT + MLA_ROPE), kvdt)  # fp8: N(0, 1) codes, scale 1
         qo = torch.tensor(cumsum0([q for q, _ in reqs]), dtype=torch.int32)
+        tokens = int(qo[-1])
+        causal = any(q > 1 for q, _ in reqs)  # speculative decodes: causal among a request's tokens
         wr = self.wrappers("mla", "NHD", self.mla_backend, rot)
         for w, (indptr, indices, _, kv_lens) in zip(wr, plans):
-            w.plan(qo, indptr, indices, kv_lens, heads, MLA_LATENT, MLA_ROPE, MLA_PAGE, False, MLA_SCALE, BF16, BF16)
-        qs = [rand((len(reqs), heads, MLA_LATENT + MLA_ROPE), BF16) for _ in range(rot)]
-        outs = [torch.empty((len(reqs), heads, MLA_LATENT), dtype=BF16, device=DEV) for _ in range(rot)]
+            w.plan(qo, indptr, indices, kv_lens, heads, MLA_LATENT, MLA_ROPE, MLA_PAGE, causal, MLA_SCALE, BF16, kvdt)
+        qs = [rand((tokens, heads, MLA_LATENT + MLA_ROPE), BF16) for _ in range(rot)]
+        outs = [torch.empty((tokens, heads, MLA_LATENT), dtype=BF16, device=DEV) for _ in range(rot)]
         calls = [functools.partial(w.run, q[..., :MLA_LATENT], q[..., MLA_LATENT:], cache[..., :MLA_LATENT],
                                    cache[..., MLA_LATENT:], out=o) for w, q, o in zip(wr, qs, outs)]
-        return calls, (cache, plans[0], qs[0])
+        return calls, (cache, plans[0], qs[0], qo)
 
-    def run_mla(self, reqs, heads, kv_bytes, flops, ours_ms):
-        name = self.spec("mla", BF16, 0).name
+    def run_mla(self, reqs, heads, kvdt, kv_bytes, flops, ours_ms):
+        name = self.spec("mla", kvdt, 0).name
         if name in self.failed:
             return {"error": "JIT build failed: " + self.failed[name]}
         small = small_reqs(reqs)
-        calls, (cache, (indptr, indices, _, _), q) = self.mla(small, heads, 1)
+        calls, (cache, (indptr, indices, _, _), q, qo) = self.mla(small, heads, 1, kvdt)
         out = calls[0]()
-        rows = [self.gather(cache[:, :, None], indptr, indices, i, kv, "NHD") for i, (_, kv) in enumerate(small)]
-        ref = reference([q[i:i + 1] for i in range(len(small))], rows, [r[..., :MLA_LATENT] for r in rows], MLA_SCALE)
+        rows = [deq(self.gather(cache[:, :, None], indptr, indices, i, kv, "NHD"), 1.0)
+                for i, (_, kv) in enumerate(small)]
+        ref = reference([q[int(qo[i]):int(qo[i + 1])] for i in range(len(small))], rows,
+                        [r[..., :MLA_LATENT] for r in rows], MLA_SCALE)
         err = rel_err(out, ref)
         del calls, cache, q, out, ref, rows
-        if bad(err, False):
+        if bad(err, kvdt == FP8):
             return {"wrong": err}
-        calls, _ = self.mla(reqs, heads, rotations(kv_bytes, 512e6))
+        calls, _ = self.mla(reqs, heads, rotations(kv_bytes, 512e6), kvdt)
         ms, graph = timed(calls, iters_for(ours_ms))
         return result(ms, graph, kv_bytes, flops, err)
 
@@ -619,8 +629,9 @@ def main():
             kind = lambda r: "decode" if r["grid"] == "decode" else "prefill"  # noqa: E731
             use = lambda r: r["grid"] not in ("fp8out", "fp8q") and (r["grid"] == "decode" or r["head_size"] in fi_prefill_ds)  # noqa: E731
             configs = {(kind(r), kvdt(r), r["head_size"]) for r, _ in main_rows if use(r)}
-            if any(r["grid"] == "decode" and mla_shape(r) for r, _ in mla_rows):
-                configs.add(("mla", BF16, 0))
+            mla_kvdt = lambda r: FP8 if r["grid"] == "decode-fp8" else BF16  # noqa: E731
+            mla_use = lambda r: r["grid"] in ("decode", "decode-fp8", "spec") and mla_shape(r)  # noqa: E731
+            configs |= {("mla", mla_kvdt(r), 0) for r, _ in mla_rows if mla_use(r)}
             fi.prebuild(sorted(configs, key=str), late)
             each(main_rows, "flashinfer",
                  lambda r: (r["grid"], r["name"], r["head_size"], r["kv_cache_dtype"]) if use(r) else None,
@@ -630,9 +641,8 @@ def main():
 
             def fi_mla(r):
                 heads, reqs = mla_shape(r)
-                return fi.run_mla(reqs, heads, r["bytes"], r["flops"], r["ms"])
-            each(mla_rows, "flashinfer", lambda r: r["name"] if r["grid"] == "decode" and mla_shape(r) else None,
-                 fi_mla)
+                return fi.run_mla(reqs, heads, mla_kvdt(r), r["bytes"], r["flops"], r["ms"])
+            each(mla_rows, "flashinfer", lambda r: r["name"] if mla_use(r) else None, fi_mla)
         out["seconds"][peer] = round(time.time() - start, 1)
         log(f"{peer}: {out['seconds'][peer]} s")
         save()

@@ -169,14 +169,14 @@ TEST(CudaMlaBatchInvariantPlan, ARequestsSegmentsDoNotDependOnTheBatch) {
   };
   std::mt19937_64 rng(22);
   for (size_t target = 0; target < pool.size(); ++target) {
-    const md::Plan alone = md::make_fixed_plan(std::vector<int32_t>{pool[target]}, md::kBatchInvariantSplitTiles, 132);
+    const md::Plan alone = md::make_fixed_plan(std::vector<int32_t>{pool[target]}, {}, md::kBatchInvariantSplitTiles, 132);
     const auto expected = segments_of(alone, 0);
     const int64_t tiles = (pool[target] + 63) / 64;
     EXPECT_EQ(expected.size(), static_cast<size_t>(std::max<int64_t>(1, (tiles + 31) / 32)));
     for (int trial = 0; trial < 50; ++trial) {
       const auto [batch, position] = random_batch_with(pool, target, rng);
       const int parts = 1 + static_cast<int>(rng() % 200);
-      const md::Plan plan = md::make_fixed_plan(batch, md::kBatchInvariantSplitTiles, parts);
+      const md::Plan plan = md::make_fixed_plan(batch, {}, md::kBatchInvariantSplitTiles, parts);
       EXPECT_EQ(segments_of(plan, static_cast<int>(position)), expected) << target << " at " << position;
       ASSERT_LE(plan.num_parts, parts);
       EXPECT_EQ(plan.part_begin.front(), 0);
@@ -185,7 +185,7 @@ TEST(CudaMlaBatchInvariantPlan, ARequestsSegmentsDoNotDependOnTheBatch) {
                 md::max_fixed_segments(static_cast<int64_t>(batch.size()), 9000, md::kBatchInvariantSplitTiles));
       // Every split request's slots are its own, consecutive, in key order.
       for (size_t r = 0; r < batch.size(); ++r) {
-        const md::RequestSplit split = plan.splits[r];
+        const md::DecodeRequest split = plan.requests[r];
         int seen = 0;
         for (const md::Segment& s : plan.segments) {
           if (s.request != static_cast<int>(r)) continue;

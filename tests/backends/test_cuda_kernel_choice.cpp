@@ -100,15 +100,22 @@ TEST(CudaAttentionKernelSelection, ChoosesOncePerLayer) {
   EXPECT_FALSE(cuda::ws_strides_fit(int64_t{1} << 31, 8 * 128, 16 * 8 * 128, 8 * 128, 16));
 }
 
-// The CUDA_MLA decode kernel of a plan: wgmma for >= 64 heads with a 16-bit cache on sm_90a
-// (unless mla=mma), else the mma.sync kernel with 16 (<= 32 heads) or 64 rows a CTA.
+// The CUDA_MLA decode kernel of a plan, from the rows of a request (tokens_per_request x heads):
+// the mma.sync kernel with 16 rows a CTA for <= 16 rows; above, wgmma with a 16-bit cache on sm_90a
+// (unless mla=mma), else the mma.sync kernel with 16 (<= 32) or 64 rows a CTA.
 TEST(CudaMlaDecodeKernelSelection, ChoosesOncePerBuilder) {
   namespace md = cuda::mla_decode;
   constexpr auto kAuto = MlaDecodeKernelChoice::automatic;
   EXPECT_EQ(md::select_decode_kernel(kAuto, 128, DType::bf16, true), md::DecodeKernel::wgmma);
   EXPECT_EQ(md::select_decode_kernel(kAuto, 64, DType::f16, true), md::DecodeKernel::wgmma);
-  EXPECT_EQ(md::select_decode_kernel(kAuto, 32, DType::bf16, true), md::DecodeKernel::mma_16_rows);
-  EXPECT_EQ(md::select_decode_kernel(kAuto, 48, DType::bf16, true), md::DecodeKernel::mma_64_rows);
+  EXPECT_EQ(md::select_decode_kernel(kAuto, 16, DType::bf16, true), md::DecodeKernel::mma_16_rows);
+  EXPECT_EQ(md::select_decode_kernel(kAuto, 32, DType::bf16, true), md::DecodeKernel::wgmma);  // 16 heads x 2
+  EXPECT_EQ(md::select_decode_kernel(kAuto, 32, DType::fp8_e4m3, true), md::DecodeKernel::mma_16_rows);
+  EXPECT_EQ(md::select_decode_kernel(MlaDecodeKernelChoice::mma, 32, DType::bf16, true),
+            md::DecodeKernel::mma_16_rows);
+  EXPECT_EQ(md::select_decode_kernel(kAuto, 48, DType::bf16, true), md::DecodeKernel::wgmma);  // 16 heads x 3 tokens
+  EXPECT_EQ(md::select_decode_kernel(kAuto, 48, DType::fp8_e5m2, true), md::DecodeKernel::mma_64_rows);
+  EXPECT_EQ(md::select_decode_kernel(kAuto, 16, DType::fp8_e4m3, true), md::DecodeKernel::mma_16_rows);
   EXPECT_EQ(md::select_decode_kernel(kAuto, 128, DType::fp8_e4m3, true), md::DecodeKernel::mma_64_rows);
   EXPECT_EQ(md::select_decode_kernel(kAuto, 128, DType::bf16, false), md::DecodeKernel::mma_64_rows);
   EXPECT_EQ(md::select_decode_kernel(MlaDecodeKernelChoice::mma, 128, DType::bf16, true),
@@ -116,6 +123,9 @@ TEST(CudaMlaDecodeKernelSelection, ChoosesOncePerBuilder) {
   EXPECT_EQ(md::rows_per_cta(md::DecodeKernel::mma_16_rows), 16);
   EXPECT_EQ(md::rows_per_cta(md::DecodeKernel::mma_64_rows), 64);
   EXPECT_EQ(md::rows_per_cta(md::DecodeKernel::wgmma), 64);
+  EXPECT_EQ(md::row_tiles(md::DecodeKernel::mma_16_rows, 2 * 16), 2);
+  EXPECT_EQ(md::row_tiles(md::DecodeKernel::wgmma, 8 * 16), 2);
+  EXPECT_EQ(md::row_tiles(md::DecodeKernel::wgmma, 3 * 128), 6);
 }
 
 }  // namespace

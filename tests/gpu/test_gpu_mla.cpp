@@ -222,40 +222,60 @@ struct DecodeCase {
   DType cache = DType::bf16;
   int block_size = 64;
   int parts = 132;
-  std::vector<int32_t> seq_lens;
+  std::vector<int32_t> seq_lens;    // per request: the keys of its last token
+  std::vector<int32_t> query_lens;  // per request (speculative decodes: 2..8), or empty: 1 each
 };
 
 void run_decode_case(const DecodeCase& c, uint64_t seed) {
+  const int nr = static_cast<int>(c.seq_lens.size());
+  std::vector<int32_t> qsl = {0}, token_req, token_len;  // per token: request, keys seen
+  for (int r = 0; r < nr; ++r) {
+    const int q = c.query_lens.empty() ? 1 : c.query_lens[r];
+    qsl.push_back(qsl.back() + q);
+    for (int t = 0; t < q; ++t) {
+      token_req.push_back(r);
+      token_len.push_back(c.seq_lens[r] - q + 1 + t);
+    }
+  }
+  const int b = qsl.back();  // decode tokens
   SCOPED_TRACE(detail::concat("H=", c.heads, " act=", dtype_name(c.act), " cache=", dtype_name(c.cache), " bs=",
-                              c.block_size, " parts=", c.parts, " B=", c.seq_lens.size()));
-  const int b = static_cast<int>(c.seq_lens.size());
+                              c.block_size, " parts=", c.parts, " requests=", nr, " tokens=", b));
   const int h = c.heads;
   const int max_seq = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
   const int cols = std::max(1, (max_seq + c.block_size - 1) / c.block_size);
-  const int blocks = b * cols + 3;
+  const int blocks = nr * cols + 3;
   const bool fp8 = is_fp8(c.cache);
   const float k_scale = fp8 ? 0.125f : 1.f;
   const float scale = 0.09f;
   const Tensor q = random_host(Shape{b, h, kL + kR}, c.act, seed);
   const Tensor cache = random_host(Shape{blocks, c.block_size, kL + kR}, c.cache, seed + 1, fp8 ? -12.f : -1.f,
                                    fp8 ? 12.f : 1.f);
+  std::vector<int32_t> req_bt(static_cast<size_t>(nr) * cols);
+  std::iota(req_bt.begin(), req_bt.end(), 2);
+  std::shuffle(req_bt.begin(), req_bt.end(), std::mt19937(static_cast<uint32_t>(seed)));
+  // The per-token block table the builder passes (each token its request's row), except that a
+  // request's later tokens get a wrong row: the kernel must read its first token's.
   std::vector<int32_t> bt(static_cast<size_t>(b) * cols);
-  std::iota(bt.begin(), bt.end(), 2);
-  std::shuffle(bt.begin(), bt.end(), std::mt19937(static_cast<uint32_t>(seed)));
+  for (int i = 0; i < b; ++i) {
+    const int r = token_req[i];
+    const bool first = i == qsl[r];
+    for (int j = 0; j < cols; ++j) bt[static_cast<size_t>(i) * cols + j] = first ? req_bt[r * cols + j] : blocks + 7;
+  }
 
-  // fp64 oracle of the absorbed formula.
+  // fp64 oracle of the absorbed formula, per token (token t of q sees seq_len - q + 1 + t keys).
   std::vector<double> ref_o(static_cast<size_t>(b) * h * kL), ref_lse(static_cast<size_t>(b) * h);
 #pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int r = 0; r < b; ++r) {
+  for (int i = 0; i < b; ++i) {
     for (int hh = 0; hh < h; ++hh) {
-      const int s = c.seq_lens[r];
-      std::vector<double> logits(s);
+      const int r = token_req[i];
+      const int s = token_len[i];
+      std::vector<double> logits(std::max(s, 0));
       double mx = -INFINITY;
       for (int n = 0; n < s; ++n) {
-        const int64_t row = (static_cast<int64_t>(bt[r * cols + n / c.block_size]) * c.block_size + n % c.block_size) * (kL + kR);
+        const int64_t row = (static_cast<int64_t>(req_bt[r * cols + n / c.block_size]) * c.block_size + n % c.block_size) * (kL + kR);
         double dot = 0;
         for (int d = 0; d < kL + kR; ++d)
-          dot += load_f64(q.data(), c.act, (static_cast<int64_t>(r) * h + hh) * (kL + kR) + d) *
+          dot += load_f64(q.data(), c.act, (static_cast<int64_t>(i) * h + hh) * (kL + kR) + d) *
                  load_f64(cache.data(), c.cache, row + d) * k_scale;
         logits[n] = dot * scale;
         mx = std::max(mx, logits[n]);
@@ -265,27 +285,29 @@ void run_decode_case(const DecodeCase& c, uint64_t seed) {
       for (int n = 0; n < s; ++n) {
         const double w = std::exp(logits[n] - mx);
         sum += w;
-        const int64_t row = (static_cast<int64_t>(bt[r * cols + n / c.block_size]) * c.block_size + n % c.block_size) * (kL + kR);
+        const int64_t row = (static_cast<int64_t>(req_bt[r * cols + n / c.block_size]) * c.block_size + n % c.block_size) * (kL + kR);
         for (int d = 0; d < kL; ++d) o[d] += w * load_f64(cache.data(), c.cache, row + d) * k_scale;
       }
-      for (int d = 0; d < kL; ++d) ref_o[(static_cast<size_t>(r) * h + hh) * kL + d] = s > 0 ? o[d] / sum : 0.0;
-      ref_lse[static_cast<size_t>(hh) * b + r] = s > 0 ? mx + std::log(sum) : -INFINITY;
+      for (int d = 0; d < kL; ++d) ref_o[(static_cast<size_t>(i) * h + hh) * kL + d] = s > 0 ? o[d] / sum : 0.0;
+      ref_lse[static_cast<size_t>(hh) * b + i] = s > 0 ? mx + std::log(sum) : -INFINITY;
     }
   }
 
-  const md::Plan plan = md::make_plan(c.seq_lens, c.parts);
+  const md::Plan plan = md::make_plan(c.seq_lens, c.query_lens.empty() ? std::vector<int32_t>{} : qsl, c.parts);
   ASSERT_LE(plan.num_parts, c.parts);
+  const int rows = plan.tokens_per_request * h;  // rows of a request
   const Tensor q_d = to_dev(q), cache_d = to_dev(cache);
   const Tensor bt_d = i32_tensor(bt, Device::cuda, Shape{b, cols});
   const Tensor part_d = i32_tensor(plan.part_begin, Device::cuda);
   Tensor seg_h(Shape{static_cast<int64_t>(plan.segments.size()) * 4}, DType::i32, Device::cpu);
   std::memcpy(seg_h.data(), plan.segments.data(), plan.segments.size() * sizeof(md::Segment));
   const Tensor seg_d = to_dev(seg_h);
-  Tensor split_h(Shape{static_cast<int64_t>(b) * 2}, DType::i32, Device::cpu);
-  std::memcpy(split_h.data(), plan.splits.data(), plan.splits.size() * sizeof(md::RequestSplit));
-  const Tensor split_d = to_dev(split_h);
+  static_assert(sizeof(md::DecodeRequest) == 5 * sizeof(int32_t));
+  Tensor req_h(Shape{static_cast<int64_t>(nr) * 5}, DType::i32, Device::cpu);
+  std::memcpy(req_h.data(), plan.requests.data(), plan.requests.size() * sizeof(md::DecodeRequest));
+  const Tensor req_d = to_dev(req_h);
   const int64_t slots = std::max(1, plan.num_partial_slots);
-  Tensor partial_o(Shape{slots, h, kL}, DType::f32, Device::cuda), partial_l(Shape{slots, h}, DType::f32, Device::cuda);
+  Tensor partial_o(Shape{slots, rows, kL}, DType::f32, Device::cuda), partial_l(Shape{slots, rows}, DType::f32, Device::cuda);
   Tensor out(Shape{b, h, kL}, c.act, Device::cuda), lse(Shape{h, b}, DType::f32, Device::cuda);
   out.fill_bytes(0xff);
   lse.fill_bytes(0xff);
@@ -311,14 +333,16 @@ void run_decode_case(const DecodeCase& c, uint64_t seed) {
   p.lse_token_stride = 1;
   p.segments = reinterpret_cast<const md::Segment*>(seg_d.data());
   p.part_begin = part_d.data_as<const int32_t>();
-  p.splits = reinterpret_cast<const md::RequestSplit*>(split_d.data());
+  p.requests = reinterpret_cast<const md::DecodeRequest*>(req_d.data());
   p.partial_out = partial_o.data_as<float>();
   p.partial_lse = partial_l.data_as<float>();
-  p.num_requests = b;
+  p.num_requests = nr;
+  p.tokens_per_request = plan.tokens_per_request;
   p.scale_log2 = scale * k_scale * 1.4426950408889634f;
   p.out_scale = k_scale;
-  md::launch_decode(p, c.act, c.cache, md::resolve_decode_kernel(h, c.cache), plan.num_parts, plan.any_split,
-                    current_cuda_stream());
+  const md::DecodeKernel kernel = md::resolve_decode_kernel(rows, c.cache);
+  SCOPED_TRACE(detail::concat("kernel ", static_cast<int>(kernel), ", ", rows, " rows a request"));
+  md::launch_decode(p, c.act, c.cache, kernel, plan.num_parts, plan.any_split, current_cuda_stream());
   const Tensor got = to_host(out), got_lse = to_host(lse);
   ASSERT_TRUE(all_finite(got)) << "an output element was not written";
   double d2 = 0, r2 = 0, lse_err = 0;
@@ -354,10 +378,22 @@ TEST(CudaMlaDecode, KernelMatchesOracle) {
       {128, DType::bf16, DType::bf16, 16, 132, {2100, 65, 333}},
       {64, DType::f16, DType::f16, 64, 5, {777, 64}},
       {96, DType::bf16, DType::bf16, 16, 7, {450, 31}},           // second head tile half empty
+      // Speculative decodes: a request's q tokens are its rows (t * H + h), each with its own
+      // causal end; unequal q leaves rows of the shorter requests idle.
+      {16, DType::bf16, DType::bf16, 64, 132, {777, 2100, 65}, {2, 2, 2}},     // 32 rows: wgmma (sm_90a)
+      {16, DType::bf16, DType::fp8_e4m3, 64, 132, {777, 2100, 65}, {2, 1, 2}},  // 32 rows: 16-row kernel, 2 tiles
+      {16, DType::bf16, DType::bf16, 16, 5, {777, 4, 2100, 130}, {4, 4, 1, 3}},  // 64 rows: wgmma (sm_90a)
+      {16, DType::f16, DType::f16, 64, 1, {300, 70}, {3, 3}},                 // 48 rows, one part
+      {16, DType::bf16, DType::fp8_e4m3, 16, 9, {900, 65, 8}, {8, 2, 8}},     // 128 rows, fp8: 64-row mma
+      {16, DType::bf16, DType::bf16, 64, 132, {1000, 2100}, {8, 5}},          // 128 rows: 2 wgmma tiles
+      {128, DType::bf16, DType::bf16, 16, 11, {500, 129, 64}, {2, 4, 3}},     // 512 rows: 8 tiles
+      {128, DType::f16, DType::fp8_e5m2, 64, 3, {300, 90}, {2, 1}},
+      {20, DType::bf16, DType::bf16, 64, 7, {200, 70}, {3, 2}},               // rows cross tile edges
   };
   if (small_grid()) {
     cases = {{16, DType::bf16, DType::bf16, 64, 5, {65, 130}}, {128, DType::bf16, DType::fp8_e4m3, 16, 3, {70}},
-             {128, DType::bf16, DType::bf16, 16, 3, {70, 130}}};
+             {128, DType::bf16, DType::bf16, 16, 3, {70, 130}},
+             {16, DType::bf16, DType::bf16, 16, 5, {200, 70}, {4, 2}}, {16, DType::bf16, DType::bf16, 64, 3, {130}, {2}}};
   }
   uint64_t seed = 100;
   for (const DecodeCase& c : cases) run_decode_case(c, seed += 10);
@@ -378,7 +414,7 @@ TEST(CudaMlaDecode, WgmmaKernelCoversHopperHeads) {
       cuda::kernel_override().mla == cuda::MlaDecodeKernelChoice::mma ? md::DecodeKernel::mma_64_rows
                                                                       : md::DecodeKernel::wgmma;
   EXPECT_EQ(md::resolve_decode_kernel(128, DType::bf16), expected128);
-  EXPECT_EQ(md::resolve_decode_kernel(32, DType::bf16), md::DecodeKernel::mma_16_rows);
+  EXPECT_EQ(md::resolve_decode_kernel(16, DType::bf16), md::DecodeKernel::mma_16_rows);
   EXPECT_EQ(md::resolve_decode_kernel(128, DType::fp8_e4m3), md::DecodeKernel::mma_64_rows);
   cuda::set_kernel_override(cuda::parse_kernel_override("mla=mma"));
   EXPECT_EQ(md::resolve_decode_kernel(128, DType::bf16), md::DecodeKernel::mma_64_rows);
@@ -398,7 +434,7 @@ TEST(CudaMlaDecode, PlanBalancesParts) {
   // Pure host: every key of every request lands in exactly one segment, parts <= requested.
   for (const int parts : {1, 3, 66, 132}) {
     const std::vector<int32_t> seqs = {0, 1, 4096, 64, 65, 9000, 3};
-    const md::Plan plan = md::make_plan(seqs, parts);
+    const md::Plan plan = md::make_plan(seqs, {}, parts);
     ASSERT_LE(plan.num_parts, parts);
     ASSERT_EQ(plan.part_begin.size(), static_cast<size_t>(plan.num_parts) + 1);
     ASSERT_LE(plan.segments.size(), static_cast<size_t>(md::max_segments(7, parts)));
@@ -426,10 +462,52 @@ TEST(CudaMlaDecode, PlanBalancesParts) {
     EXPECT_LE(worst, 2 * total / parts + 4) << parts << " parts";
     for (size_t r = 0; r < seqs.size(); ++r) {
       EXPECT_EQ(covered[r], seqs[r]);
-      EXPECT_EQ(plan.splits[r].num_splits, std::max(1, count[r]));
+      EXPECT_EQ(plan.requests[r].num_splits, std::max(1, count[r]));
       EXPECT_GE(count[r], 1);
     }
   }
+}
+
+// Pure host: a speculative decode is one request of the plan (its tokens are the kernel's rows):
+// the plan's requests carry each one's tokens and keys, tokens_per_request is the largest q, every
+// key of a request lies in exactly one segment, and bad query_start_loc is an Error naming it.
+TEST(CudaMlaDecode, PlanTakesSpeculativeDecodesAsRequests) {
+  const std::vector<int32_t> seqs = {5000, 70, 4100};
+  const std::vector<int32_t> qsl = {0, 1, 4, 6};  // 1, 3 and 2 tokens
+  for (const int parts : {1, 4, 132}) {
+    for (const bool fixed : {false, true}) {
+      const md::Plan plan = fixed ? md::make_fixed_plan(seqs, qsl, md::kBatchInvariantSplitTiles, parts)
+                                  : md::make_plan(seqs, qsl, parts);
+      ASSERT_LE(plan.num_parts, parts);
+      EXPECT_EQ(plan.tokens_per_request, 3);
+      ASSERT_EQ(plan.requests.size(), seqs.size());
+      std::vector<int64_t> covered(seqs.size(), 0);
+      std::vector<int> count(seqs.size(), 0);
+      for (const md::Segment& seg : plan.segments) {
+        covered[seg.request] += seg.kv_end - seg.kv_start;
+        ++count[seg.request];
+      }
+      for (size_t r = 0; r < seqs.size(); ++r) {
+        const md::DecodeRequest& req = plan.requests[r];
+        EXPECT_EQ(req.first_token, qsl[r]);
+        EXPECT_EQ(req.num_tokens, qsl[r + 1] - qsl[r]);
+        EXPECT_EQ(req.seq_len, seqs[r]);
+        EXPECT_EQ(covered[r], seqs[r]) << "request " << r << ", " << parts << " parts, fixed " << fixed;
+        EXPECT_EQ(req.num_splits, std::max(1, count[r]));
+      }
+    }
+  }
+  const auto plan_error = [&](const std::vector<int32_t>& bad) {
+    try {
+      (void)md::make_plan(seqs, bad, 4);
+    } catch (const Error& e) {
+      return std::string(e.argument());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(plan_error({0, 1, 4}), "query_start_loc");     // one entry short
+  EXPECT_EQ(plan_error({0, 1, 1, 6}), "query_start_loc");  // a request of 0 tokens
+  EXPECT_EQ(plan_error({1, 2, 4, 6}), "query_start_loc");  // not from 0
 }
 
 // ---- prefill backend -------------------------------------------------------------------------

@@ -390,14 +390,14 @@ std::string decode_splits(const Scenario& s, int heads, DType cache_dtype) {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
     return "?";
   }
-  const int rows = md::rows_per_cta(md::resolve_decode_kernel(heads, cache_dtype));
+  const md::DecodeKernel kernel = md::resolve_decode_kernel(heads, cache_dtype);
   std::vector<int32_t> seq_lens;
   for (const auto& [ctx, q] : s.batch) {
     if (q == 1) seq_lens.push_back(ctx + 1);  // decodes come first
   }
-  const md::Plan plan = md::make_plan(seq_lens, std::max(1, sms / ((heads + rows - 1) / rows)));
+  const md::Plan plan = md::make_plan(seq_lens, {}, std::max(1, sms / md::row_tiles(kernel, heads)));
   std::string text;
-  for (const md::RequestSplit& sp : plan.splits) text += (text.empty() ? "" : ",") + std::to_string(sp.num_splits);
+  for (const md::DecodeRequest& sp : plan.requests) text += (text.empty() ? "" : ",") + std::to_string(sp.num_splits);
   return text;
 }
 

@@ -1,10 +1,11 @@
 // The CUDA_MLA backend: selector reasons, the builder (the shared MLA plan + the balanced
 // split-KV decode plan, mla_decode.h) and the impl (the shared MLA run + the latent decode
-// kernel). Plan/run split: the builder chooses the decode kernel once, at construction
-// (mla_decode.h DecodeKernel, under the PAGEDATTN_CUDA_KERNEL override); build() partitions the
-// decode key ranges on the host for that kernel's head tiles and uploads the plan into device
-// arrays allocated at construction (async copy of a staged host image, no sync); forward_decode
-// only launches the plan's kernel. A plan is valid until the builder's next build() (or its
+// kernel). Plan/run split: the builder chooses the decode kernel of every tokens-per-request
+// count once, at construction (mla_decode.h DecodeKernel, from the rows of a request =
+// tokens_per_request x heads, under the PAGEDATTN_CUDA_KERNEL override); build() partitions the
+// decode requests' key ranges on the host for that kernel's row tiles and uploads the plan into
+// device arrays allocated at construction (async copy of a staged host image, no sync);
+// forward_decode only launches the plan's kernel. A plan is valid until the builder's next build() (or its
 // destruction): the shared MLA build stamps every plan (PlanStamp, backend.h) and forward /
 // do_kv_cache_update / forward_decode / the prefill runners throw on an older one.
 // CUDA graphs (cudagraph_support() == uniform_single_token_decode, as vLLM's FlashInfer MLA):
@@ -47,11 +48,12 @@ namespace md = mla_decode;
 
 struct CudaMlaMetadata final : MLAMetadata {
   md::DecodeKernel decode_kernel = md::DecodeKernel::mma_16_rows;  // what forward_decode launches
+  int tokens_per_request = 1;  // the decodes' largest query_len: rows of a request = this x heads
   int num_parts = 0;       // parts launched: the plan's, or every part the builder plans (capture)
   bool any_split = false;  // launch the combine (always for a capture plan)
   const md::Segment* segments = nullptr;
   const int32_t* part_begin = nullptr;
-  const md::RequestSplit* splits = nullptr;
+  const md::DecodeRequest* requests = nullptr;
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int num_heads = 0;
@@ -66,26 +68,34 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     PAGEDATTN_CHECK(config_.num_heads > 0, "config.num_heads", kName, " make_builder: num_heads = ",
                     config_.num_heads, " must be > 0");
     max_parts_ = std::max(1, config_.num_sms > 0 ? config_.num_sms : current_device_sm_count());
-    decode_kernel_ = md::resolve_decode_kernel(config_.num_heads, spec_.dtype);
-    // The kernel's "requests" are decode tokens (a speculative decode's tokens one each).
-    const int64_t s = std::max<int64_t>(1, max_decode_tokens());
+    // The kernel's requests are decode requests (a speculative decode's q tokens are its rows).
+    const int64_t s = std::max<int64_t>(1, std::min<int64_t>(config_.max_num_seqs, max_decode_tokens()));
     // Batch-invariant builders (config_ resolved by the common builder): fixed 2048-key segments
     // (md::make_fixed_plan), as many as the longest requests need.
-    max_segments_ = md::max_segments(s, max_parts_);
-    max_slots_ = md::max_partial_slots(max_parts_);
-    if (config_.batch_invariant) {
-      const int64_t fixed = md::max_fixed_segments(s, config_.max_model_len, md::kBatchInvariantSplitTiles);
-      max_segments_ = std::max(max_segments_, fixed);
-      max_slots_ = std::max(max_slots_, fixed);
+    const int64_t fixed = config_.batch_invariant
+                              ? md::max_fixed_segments(s, config_.max_model_len, md::kBatchInvariantSplitTiles)
+                              : 0;
+    max_segments_ = std::max(md::max_segments(s, max_parts_), fixed);
+    // One kernel per tokens-per-request count T (1 .. the reorder threshold), from the rows of a
+    // request (T x heads); batch-invariant builders keep the single-token choice for every T, so a
+    // token's arithmetic does not depend on how many tokens its request has. The partial buffers
+    // hold the largest T's slots x rows.
+    const int threshold = reorder_batch_threshold();
+    kernels_.assign(static_cast<size_t>(threshold) + 1, md::DecodeKernel::mma_16_rows);
+    for (int t = 1; t <= threshold; ++t) {
+      kernels_[t] = md::resolve_decode_kernel((config_.batch_invariant ? 1 : t) * config_.num_heads, spec_.dtype);
+      const int parts = std::max(1, max_parts_ / md::row_tiles(kernels_[t], t * config_.num_heads));
+      const int64_t slots = std::max(md::max_partial_slots(parts), fixed);
+      max_partial_rows_ = std::max(max_partial_rows_, slots * t * config_.num_heads);
     }
     part_begin_offset_ = 0;
     segments_offset_ = align16((max_parts_ + 1) * sizeof(int32_t));
-    splits_offset_ = segments_offset_ + align16(max_segments_ * sizeof(md::Segment));
-    const size_t bytes = splits_offset_ + align16(s * sizeof(md::RequestSplit));
+    requests_offset_ = segments_offset_ + align16(max_segments_ * sizeof(md::Segment));
+    const size_t bytes = requests_offset_ + align16(s * sizeof(md::DecodeRequest));
     plan_ = Tensor(Shape{static_cast<int64_t>(bytes)}, DType::u8, Device::cuda);
     staging_.resize(bytes);
-    partial_out_ = Tensor(Shape{max_slots_, config_.num_heads, md::kValue}, DType::f32, Device::cuda);
-    partial_lse_ = Tensor(Shape{max_slots_, config_.num_heads}, DType::f32, Device::cuda);
+    partial_out_ = Tensor(Shape{max_partial_rows_, md::kValue}, DType::f32, Device::cuda);
+    partial_lse_ = Tensor(Shape{max_partial_rows_}, DType::f32, Device::cuda);
   }
 
   // Decode-only batches (every request of query_len 1, or 0 for padding) within the limits.
@@ -120,16 +130,22 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
   void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& /*common*/,
                    bool /*fast_build*/) override {
     auto& m = static_cast<CudaMlaMetadata&>(metadata);
-    const int rows = md::rows_per_cta(decode_kernel_);
-    const int head_tiles = (config_.num_heads + rows - 1) / rows;
-    const int parts = std::max(1, max_parts_ / head_tiles);
-    const md::Plan plan = config_.batch_invariant
-                              ? md::make_fixed_plan(m.decode.token_seq_lens, md::kBatchInvariantSplitTiles, parts)
-                              : md::make_plan(m.decode.token_seq_lens, parts);
+    const std::vector<int32_t>& qsl = m.decode.query_start_loc;
+    int tokens = 1;  // the decodes' largest query_len (<= the reorder threshold: the common build)
+    for (size_t r = 0; r + 1 < qsl.size(); ++r) tokens = std::max(tokens, qsl[r + 1] - qsl[r]);
+    PAGEDATTN_CHECK(tokens < static_cast<int>(kernels_.size()), "common", kName, " plan: a decode of ", tokens,
+                    " tokens exceeds the reorder threshold ", kernels_.size() - 1, " (internal error)");
+    const md::DecodeKernel kernel = kernels_[tokens];
+    const int parts = std::max(1, max_parts_ / md::row_tiles(kernel, tokens * config_.num_heads));
+    const md::Plan plan =
+        config_.batch_invariant
+            ? md::make_fixed_plan(m.decode.seq_lens, qsl, md::kBatchInvariantSplitTiles, parts)
+            : md::make_plan(m.decode.seq_lens, qsl, parts);
     PAGEDATTN_CHECK(plan.num_parts <= parts && static_cast<int64_t>(plan.segments.size()) <= max_segments_ &&
-                        plan.num_partial_slots <= max_slots_,
+                        int64_t{plan.num_partial_slots} * tokens * config_.num_heads <= max_partial_rows_ &&
+                        plan.tokens_per_request == tokens,
                     "common", kName, " plan: ", plan.segments.size(), " segments / ", plan.num_partial_slots,
-                    " partial slots exceed the builder's capacity (internal error)");
+                    " partial slots of ", tokens, " tokens a request exceed the builder's capacity (internal error)");
     // Every part the builder plans gets its range (the parts past the plan's empty) and every
     // request slot its split (those past the plan's 0: no combine), so a kernel captured over all
     // parts and requests reads this plan exactly.
@@ -138,7 +154,8 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     std::copy(plan.part_begin.begin(), plan.part_begin.end(), part_begin);
     std::fill(part_begin + plan.part_begin.size(), part_begin + parts + 1, static_cast<int32_t>(plan.segments.size()));
     std::memcpy(staging_.data() + segments_offset_, plan.segments.data(), plan.segments.size() * sizeof(md::Segment));
-    std::memcpy(staging_.data() + splits_offset_, plan.splits.data(), plan.splits.size() * sizeof(md::RequestSplit));
+    std::memcpy(staging_.data() + requests_offset_, plan.requests.data(),
+                plan.requests.size() * sizeof(md::DecodeRequest));
     // Pageable source: each copy is staged before cudaMemcpyAsync returns (staging_ is reusable).
     const auto upload = [&](size_t offset, size_t bytes) {
       const cudaError_t err = cudaMemcpyAsync(static_cast<uint8_t*>(plan_.data()) + offset, staging_.data() + offset,
@@ -147,14 +164,15 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
       PAGEDATTN_CHECK(err == cudaSuccess, "common", kName, " plan upload: ", cudaGetErrorString(err));
     };
     upload(0, segments_offset_ + plan.segments.size() * sizeof(md::Segment));
-    upload(splits_offset_, staging_.size() - splits_offset_);
+    upload(requests_offset_, staging_.size() - requests_offset_);
     auto* base = static_cast<uint8_t*>(plan_.data());
-    m.decode_kernel = decode_kernel_;
+    m.decode_kernel = kernel;
+    m.tokens_per_request = tokens;
     m.num_parts = capturing_ ? parts : plan.num_parts;
     m.any_split = capturing_ || plan.any_split;
     m.part_begin = reinterpret_cast<const int32_t*>(base + part_begin_offset_);
     m.segments = reinterpret_cast<const md::Segment*>(base + segments_offset_);
-    m.splits = reinterpret_cast<const md::RequestSplit*>(base + splits_offset_);
+    m.requests = reinterpret_cast<const md::DecodeRequest*>(base + requests_offset_);
     m.partial_out = partial_out_.data_as<float>();
     m.partial_lse = partial_lse_.data_as<float>();
     m.num_heads = config_.num_heads;  // m.stamp: set by MLACommonMetadataBuilder::build
@@ -189,9 +207,9 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
   }
   bool capturing_ = false;  // build_for_cudagraph_capture is building
   int max_parts_ = 1;
-  int64_t max_segments_ = 0, max_slots_ = 0;  // plan capacity (segments, partial slots)
-  md::DecodeKernel decode_kernel_ = md::DecodeKernel::mma_16_rows;  // chosen once, at construction
-  size_t part_begin_offset_ = 0, segments_offset_ = 0, splits_offset_ = 0;
+  int64_t max_segments_ = 0, max_partial_rows_ = 0;  // plan capacity (segments, partial rows)
+  std::vector<md::DecodeKernel> kernels_;  // [T]: the kernel of plans of T tokens a request (construction)
+  size_t part_begin_offset_ = 0, segments_offset_ = 0, requests_offset_ = 0;
   Tensor plan_, partial_out_, partial_lse_;
   std::vector<uint8_t> staging_;
 };
@@ -266,7 +284,7 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
     metadata.cache_footprint.check_fits(kv_cache.size(0), kv_cache.size(1), kName, "forward_decode");
     const auto* m = static_cast<const CudaMlaMetadata*>(&metadata);
     if (m->num_decodes == 0) return;
-    const int b = m->num_decode_tokens;  // the kernel's requests: one per decode token
+    const int b = m->num_decode_tokens;
     const int h = params_.num_heads;
     check_rows(q_latent, "q_latent", b, h, md::kLatent, params_.dtype, 16);
     check_rows(o_latent, "o_latent", b, h, md::kValue, params_.dtype, 8);
@@ -291,10 +309,11 @@ class CudaMlaImpl final : public mla::MLACommonImpl {
     p.lse_token_stride = lse.defined() ? lse.stride(1) : 0;
     p.segments = m->segments;
     p.part_begin = m->part_begin;
-    p.splits = m->splits;
+    p.requests = m->requests;
     p.partial_out = m->partial_out;
     p.partial_lse = m->partial_lse;
-    p.num_requests = b;
+    p.num_requests = m->num_decodes;
+    p.tokens_per_request = m->tokens_per_request;
     const float k_scale = is_fp8(cache_dtype_) ? scales.k_scale : 1.f;
     p.scale_log2 = params_.scale * k_scale * 1.4426950408889634f;
     p.out_scale = k_scale;

@@ -1,14 +1,15 @@
 // CUDA_MLA decode: latent MQA over the paged latent cache (DeepSeek-V2/V3 absorbed decode).
 //
-// What it computes, per decode request b (one query token) and query head h:
-//   s_n   = scale * k_scale * (q_latent[b, h, :576] . cache_row_n[:576])    n < seq_len[b]
+// What it computes, per decode token b (token t of a request of q tokens and seq_len s) and query
+// head h:
+//   s_n   = scale * k_scale * (q_latent[b, h, :576] . cache_row_n[:576])    n < s - q + 1 + t
 //   o     = sum_n softmax(s)_n * k_scale * cache_row_n[:512]                 (512 values)
 //   LSE   = log(sum_n e^{s_n})                                                natural log
 // VALUES ARE THE FIRST 512 ELEMENTS OF THE SAME ROWS as the keys: every 64-key tile is loaded
 // into shared memory ONCE and feeds both Q.K^T and P.V.
 //
-// Tiling. A CTA owns kRows query heads (16 or 64) of one request segment (mla_decode.h) and
-// walks it in 64-key tiles (2-stage cp.async pipeline, 16-byte copies, 8 threads a row (4 for fp8)
+// Tiling. A CTA owns kRows query rows (16 or 64 (token, head) rows: mla_decode.h) of one request
+// segment and walks it in 64-key tiles (2-stage cp.async pipeline, 16-byte copies, 8 threads a row (4 for fp8)
 // so a warp request covers whole 128-byte lines; zero-filled past the segment's end or for a page id
 // outside the cache). The page lookups of tile t + 2 are issued during tile t (row byte offsets
 // kept in shared memory), so the block-table latency never sits in front of a copy.
@@ -19,17 +20,19 @@
 // The 4 column warps of a (key group, row group) exchange their row maxima and their P slices
 // through shared memory under a named barrier of those 128 threads (so every warp applies the
 // same running max; each keeps its own partial row sum, summed at the end); key groups keep
-// separate softmax states that are merged in the epilogue. Configurations:
-//   16 rows (H <= 32): 2 key groups (32 keys each) x 4 warps = 256 threads: 2 warps per
+// separate softmax states that are merged in the epilogue. Rows of a speculative decode's earlier
+// tokens mask the keys past their causal end (only in the tiles that reach the first token's end).
+// Configurations (R = rows of a request = tokens_per_request * H):
+//   16 rows (R <= 32): 2 key groups (32 keys each) x 4 warps = 256 threads: 2 warps per
 //     scheduler to hide latency; o 16 x 128 per warp; 170 KB of shared memory;
-//   64 rows (H  > 32): 2 row groups x 4 warps = 256 threads, 32 rows a warp, o 32 x 128; 232 KB.
+//   64 rows (R  > 32): 2 row groups x 4 warps = 256 threads, 32 rows a warp, o 32 x 128; 232 KB.
 // Shared rows are 1152 bytes, unpadded, with the 16-byte chunks XOR-swizzled by (row & 7) so
 // ldmatrix (8 rows of one chunk) and ldmatrix.trans hit 8 distinct bank groups.
 // fp8 caches: raw fp8 tiles (36.9 KB) are staged and converted (exactly) to the activation
 // type into one 16-bit tile before the MMAs; k_scale folds into the logit scale and the output.
 //
-// Memory traffic and floor. Each latent byte of a request is read once per head tile (H <= 16
-// and H = 64: once; H = 128: twice, the two head tiles of a part are adjacent CTAs and mostly
+// Memory traffic and floor. Each latent byte of a request is read once per row tile (R <= 16
+// and R = 64: once; R = 128: twice, the two row tiles of a part are adjacent CTAs and mostly
 // share it through L2), Q and O once. Floor: B * seq * 576 * elem / copy bandwidth (16 heads: 30
 // FLOP per byte, memory-bound), or 2 * H * seq * (576 + 512) FLOPs / MMA rate (128 heads: 242 FLOP
 // per byte, above Hopper's ridge point).
@@ -51,6 +54,7 @@
 #include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
 #include "backends/cuda/mla/mla_decode.h"
+#include "backends/cuda/mla/mla_decode_rows.cuh"
 #include "backends/cuda/mla/mla_decode_wgmma.h"
 #include "pagedattn/error.h"
 
@@ -110,26 +114,28 @@ __device__ __forceinline__ int swz_p(int row, int chunk) {
 // Barrier of the 4 column warps of one (key group, row group) (ids 1.. ; 0 is __syncthreads).
 __device__ __forceinline__ void group_sync(int id) { named_barrier::sync<kColWarps * 32>(id + 1); }
 
+// Q rows r0 .. r0 + kRows of the request (row t * H + h: token t, head h; rows of tokens past the
+// request's read as zeros).
 template <class C>
-__device__ __forceinline__ void load_q(const DecodeParams& p, int request, int h0, char* q_smem) {
+__device__ __forceinline__ void load_q(const DecodeParams& p, const DecodeRequest& req, int r0, char* q_smem) {
   for (int idx = threadIdx.x; idx < C::kRows * kChunks; idx += C::kThreads) {
     const int row = idx / kChunks, chunk = idx - row * kChunks;
-    const bool valid = h0 + row < p.num_heads;
+    const RowPlace at = row_place(p, req, r0 + row);
     const char* src = static_cast<const char*>(p.q) +
-                      (static_cast<int64_t>(request) * p.q_token_stride +
-                       static_cast<int64_t>(valid ? h0 + row : 0) * p.q_head_stride) * 2 + chunk * 16;
-    cp_async_16(q_smem + swz(row, chunk), src, valid);
+                      (static_cast<int64_t>(at.valid ? at.token : 0) * p.q_token_stride +
+                       static_cast<int64_t>(at.head) * p.q_head_stride) * 2 + chunk * 16;
+    cp_async_16(q_smem + swz(row, chunk), src, at.valid);
   }
 }
 
-// Byte offset in the cache of key `pos` of `request`, or -1 (past the segment's end, or a page
-// id outside the cache: the row reads as zeros). The block-table read is the latency that the
-// one-tile-ahead schedule below hides.
+// Byte offset in the cache of key `pos` of the request whose block-table row is `bt_row`, or -1
+// (past the segment's end, or a page id outside the cache: the row reads as zeros). The
+// block-table read is the latency that the one-tile-ahead schedule below hides.
 template <bool kFp8>
-__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int request, int pos, int kv_end) {
+__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int bt_row, int pos, int kv_end) {
   if (pos >= kv_end) return -1;
   const int blk_idx = pos / p.block_size;
-  const int block = __ldg(p.block_table + static_cast<int64_t>(request) * p.bt_stride + blk_idx);
+  const int block = __ldg(p.block_table + static_cast<int64_t>(bt_row) * p.bt_stride + blk_idx);
   if (block < 0 || block >= p.num_blocks) return -1;
   return (static_cast<int64_t>(block) * p.block_stride +
           static_cast<int64_t>(pos - blk_idx * p.block_size) * p.token_stride) * (kFp8 ? 1 : 2);
@@ -183,7 +189,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 template <int kKG, int kRowWarps, int kMT, int kKeys, int kStages, typename T, bool kFp8>
 __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>::kThreads, 1)
-    mla_decode_kernel(const DecodeParams p, int head_tiles, int fp8_format) {
+    mla_decode_kernel(const DecodeParams p, int row_tiles, int fp8_format) {
   using C = Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>;
   constexpr int kNJ = C::kNJ;
   constexpr int kSlots = C::kOffsetSlots;
@@ -195,8 +201,8 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
   float* red_all = reinterpret_cast<float*>(p_all + kKG * C::kPBytes);  // (kKG, 4, kRows)
   int64_t* row_offsets = reinterpret_cast<int64_t*>(red_all + kKG * C::kRedFloats);  // (kSlots, kKeys)
 
-  const int part = blockIdx.x / head_tiles;
-  const int h0 = (blockIdx.x - part * head_tiles) * C::kRows;
+  const int part = blockIdx.x / row_tiles;
+  const int r0 = (blockIdx.x - part * row_tiles) * C::kRows;  // the CTA's first row of a request
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int kg = warp / C::kGroupWarps;
   const int rw = (warp - kg * C::kGroupWarps) / kColWarps;
@@ -212,12 +218,15 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
   const int seg_end = p.part_begin[part + 1];
   for (int seg_i = p.part_begin[part]; seg_i < seg_end; ++seg_i) {
     const Segment seg = p.segments[seg_i];
+    const DecodeRequest req = p.requests[seg.request];
     const int num_tiles = seg.kv_end > seg.kv_start ? (seg.kv_end - seg.kv_start + kKeys - 1) / kKeys : 0;
+    // Keys from mask_from on are masked for some row (each row past its own causal end).
+    const int mask_from = min(seg.kv_end, causal_end(req, 0));
     // Row offsets of tiles 0 .. kStages - 1 (later tiles: fetched one iteration ahead).
     for (int i = threadIdx.x; i < kStages * kKeys; i += C::kThreads) {
-      row_offsets[i] = row_offset<kFp8>(p, seg.request, seg.kv_start + i, seg.kv_end);
+      row_offsets[i] = row_offset<kFp8>(p, req.first_token, seg.kv_start + i, seg.kv_end);
     }
-    load_q<C>(p, seg.request, h0, q_smem);
+    load_q<C>(p, req, r0, q_smem);
     cp_async_commit();
     __syncthreads();
 #pragma unroll
@@ -241,7 +250,7 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
       // Row offsets of tile + kStages: read now, stored after this tile's math (latency hidden).
       int64_t next_offset = -1;
       if (threadIdx.x < kKeys && tile + kStages < num_tiles) {
-        next_offset = row_offset<kFp8>(p, seg.request, seg.kv_start + (tile + kStages) * kKeys + threadIdx.x, seg.kv_end);
+        next_offset = row_offset<kFp8>(p, req.first_token, seg.kv_start + (tile + kStages) * kKeys + threadIdx.x, seg.kv_end);
       }
       __syncthreads();  // every warp is done with tile - 1 (its stage)
       {
@@ -303,15 +312,20 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][0][e] += s[mt][1][e];
       }
-      // Mask keys past the segment, then the row maxima of this warp's keys.
-      if (key0 + C::kGroupKeys > seg.kv_end) {
+      // Mask keys past each row's end (the segment's, or its token's causal end), then the row
+      // maxima of this warp's keys.
+      if (key0 + C::kGroupKeys > mask_from) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int j = 0; j < kNJ; ++j)
+          for (int h = 0; h < 2; ++h) {
+            const int end = row_key_end(p, req, seg.kv_end, r0 + row0 + mt * 16 + quad_row + 8 * h);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (key0 + cw * C::kKeysPerWarp + j * 8 + 2 * quad_col + (e & 1) >= seg.kv_end) s[mt][j][e] = neg_inf();
+            for (int j = 0; j < kNJ; ++j)
+#pragma unroll
+              for (int c = 0; c < 2; ++c)
+                if (key0 + cw * C::kKeysPerWarp + j * 8 + 2 * quad_col + c >= end) s[mt][j][2 * h + c] = neg_inf();
+          }
       }
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
@@ -417,7 +431,7 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = row0 + mt * 16 + quad_row + 8 * h;
-          const int head = h0 + r;
+          const RowPlace at = row_place(p, req, r0 + r);
           float lsum = 0.f;
 #pragma unroll
           for (int w = 0; w < kColWarps; ++w) lsum += red_all[w * C::kRows + r];
@@ -433,7 +447,7 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
             w1 = fast_exp2(m1 - base);
             lsum = w0 * lsum + w1 * lsum1;
           }
-          if (head >= p.num_heads) continue;
+          if (!at.valid) continue;
           const float scale = lsum > 0.f ? p.out_scale / lsum : 0.f;
           const float lse = lse_base2(mrow, lsum);
           const float* other = merge_o + r * kValue + cw * kColsPerWarp + 2 * quad_col;
@@ -448,13 +462,13 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
             return make_float2(v.x * scale, v.y * scale);
           };
           if (split) {
-            float* dst = p.partial_out + (static_cast<int64_t>(seg.partial_row) * p.num_heads + head) * kValue +
-                         cw * kColsPerWarp + 2 * quad_col;
+            const int64_t prow = partial_row(p, seg.partial_row, r0 + r);
+            float* dst = p.partial_out + prow * kValue + cw * kColsPerWarp + 2 * quad_col;
 #pragma unroll
             for (int d = 0; d < kColsPerWarp / 8; ++d) *reinterpret_cast<float2*>(dst + d * 8) = value(d);
-            if (cw == 0 && quad_col == 0) p.partial_lse[static_cast<int64_t>(seg.partial_row) * p.num_heads + head] = lse;
+            if (cw == 0 && quad_col == 0) p.partial_lse[prow] = lse;
           } else {
-            T* dst = static_cast<T*>(p.out) + seg.request * p.o_token_stride + head * p.o_head_stride +
+            T* dst = static_cast<T*>(p.out) + at.token * p.o_token_stride + at.head * p.o_head_stride +
                      cw * kColsPerWarp + 2 * quad_col;
 #pragma unroll
             for (int d = 0; d < kColsPerWarp / 8; ++d) {
@@ -462,7 +476,7 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
               *reinterpret_cast<uint32_t*>(dst + d * 8) = Mma<T>::pack(v.x, v.y);
             }
             if (cw == 0 && quad_col == 0 && p.lse != nullptr)
-              p.lse[head * p.lse_head_stride + static_cast<int64_t>(seg.request) * p.lse_token_stride] = lse;
+              p.lse[at.head * p.lse_head_stride + static_cast<int64_t>(at.token) * p.lse_token_stride] = lse;
           }
         }
       }
@@ -471,17 +485,24 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
   }
 }
 
-// Merges the split partials of each request: a warp per (request, head).
+// Merges the split partials of each request: a warp per (request, row).
 template <typename T>
 __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) {
   const int b = blockIdx.x;
-  const int head = blockIdx.y * 8 + (threadIdx.x >> 5);
+  const int row = blockIdx.y * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
-  const RequestSplit sp = p.splits[b];
-  if (sp.num_splits <= 1 || head >= p.num_heads) return;
+  const DecodeRequest sp = p.requests[b];
+  const RowPlace at = row_place(p, sp, row);
+  if (sp.num_splits <= 1 || !at.valid) return;
+  // Slot s of this row: lse[s * stride], out[s * stride * 512 ..]. The loops are unrolled so that
+  // several slots' loads are in flight at once (one request of many splits is latency-bound).
+  const int64_t stride = static_cast<int64_t>(p.tokens_per_request) * p.num_heads;
+  const float* lse_src = p.partial_lse + partial_row(p, sp.partial_base, row);
+  const float* out_src = p.partial_out + partial_row(p, sp.partial_base, row) * kValue + lane * 4;
   float mx = neg_inf();
+#pragma unroll 8
   for (int s = 0; s < sp.num_splits; ++s) {
-    float v = p.partial_lse[static_cast<int64_t>(sp.partial_base + s) * p.num_heads + head];
+    float v = lse_src[s * stride];
     if (v == -neg_inf()) v = neg_inf();  // +inf treated as -inf (as merge_attn_states)
     mx = fmaxf(mx, v);
   }
@@ -490,21 +511,36 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) 
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.f;
   float wsum = 0.f;
-  for (int s = 0; s < sp.num_splits; ++s) {
-    const int64_t row = static_cast<int64_t>(sp.partial_base + s) * p.num_heads + head;
-    float v = p.partial_lse[row];
-    if (v == -neg_inf()) v = neg_inf();
-    const float w = v == neg_inf() ? 0.f : expf(v - base);
-    wsum += w;
-    const float* src = p.partial_out + row * kValue;
+  // kBatch slots a step: every load of the step is issued before the first is used.
+  constexpr int kBatch = 8;
+  for (int s0 = 0; s0 < sp.num_splits; s0 += kBatch) {
+    float v[kBatch];
+    float4 x[kBatch][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 x = *reinterpret_cast<const float4*>(src + i * 128 + lane * 4);
-      acc[4 * i] += w * x.x; acc[4 * i + 1] += w * x.y; acc[4 * i + 2] += w * x.z; acc[4 * i + 3] += w * x.w;
+    for (int u = 0; u < kBatch; ++u) {
+      const bool in = s0 + u < sp.num_splits;  // past the end: weight 0 on zeros
+      const int64_t slot = s0 + u;
+      v[u] = in ? lse_src[slot * stride] : neg_inf();
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x[u][i] = in ? *reinterpret_cast<const float4*>(out_src + slot * stride * kValue + i * 128)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const float lv = v[u] == -neg_inf() ? neg_inf() : v[u];
+      const float w = lv == neg_inf() ? 0.f : expf(lv - base);
+      wsum += w;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        acc[4 * i] += w * x[u][i].x; acc[4 * i + 1] += w * x[u][i].y;
+        acc[4 * i + 2] += w * x[u][i].z; acc[4 * i + 3] += w * x[u][i].w;
+      }
     }
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  T* dst = static_cast<T*>(p.out) + b * p.o_token_stride + head * p.o_head_stride;
+  T* dst = static_cast<T*>(p.out) + at.token * p.o_token_stride + at.head * p.o_head_stride;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     uint2 packed;
@@ -513,7 +549,7 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) 
     *reinterpret_cast<uint2*>(dst + i * 128 + lane * 4) = packed;
   }
   if (lane == 0 && p.lse != nullptr) {
-    p.lse[head * p.lse_head_stride + static_cast<int64_t>(b) * p.lse_token_stride] =
+    p.lse[at.head * p.lse_head_stride + static_cast<int64_t>(at.token) * p.lse_token_stride] =
         lse_natural(base, wsum);
   }
 }
@@ -537,8 +573,8 @@ void launch_variant(const DecodeParams& params, int num_parts, int fp8_format, c
     check_launch("cudaFuncSetAttribute(mla_decode_kernel)");
     configured.fetch_or(bit);
   }
-  const int head_tiles = (params.num_heads + C::kRows - 1) / C::kRows;
-  kernel<<<num_parts * head_tiles, C::kThreads, C::kSmem, stream>>>(params, head_tiles, fp8_format);
+  const int tiles = (params.tokens_per_request * params.num_heads + C::kRows - 1) / C::kRows;
+  kernel<<<num_parts * tiles, C::kThreads, C::kSmem, stream>>>(params, tiles, fp8_format);
   check_launch("mla_decode_kernel");
 }
 
@@ -575,7 +611,8 @@ void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel ke
       break;
   }
   if (any_split) {
-    const dim3 grid(static_cast<unsigned>(params.num_requests), static_cast<unsigned>((params.num_heads + 7) / 8));
+    const dim3 grid(static_cast<unsigned>(params.num_requests),
+                    static_cast<unsigned>((params.tokens_per_request * params.num_heads + 7) / 8));
     mla_combine_kernel<T><<<grid, 256, 0, stream>>>(params);
     check_launch("mla_combine_kernel");
   }
@@ -583,13 +620,16 @@ void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel ke
 
 }  // namespace
 
-DecodeKernel resolve_decode_kernel(int num_heads, DType cache_dtype) {
-  return select_decode_kernel(kernel_override().mla, num_heads, cache_dtype, wgmma_decode_available());
+DecodeKernel resolve_decode_kernel(int rows, DType cache_dtype) {
+  return select_decode_kernel(kernel_override().mla, rows, cache_dtype, wgmma_decode_available());
 }
 
 void launch_decode(const DecodeParams& params, DType activation, DType cache_dtype, DecodeKernel kernel, int num_parts,
                    bool any_split, void* stream) {
   if (num_parts <= 0 || params.num_requests <= 0) return;
+  PAGEDATTN_CHECK(params.tokens_per_request >= 1 && params.num_heads >= 1, "params", "CUDA_MLA decode: "
+                  "tokens_per_request = ", params.tokens_per_request, ", num_heads = ", params.num_heads,
+                  ": both must be >= 1");
   const auto s = static_cast<cudaStream_t>(stream);
   PAGEDATTN_CHECK(activation == DType::bf16 || activation == DType::f16, "dtype", "CUDA_MLA decode: activation dtype ",
                   dtype_name(activation), " is not supported: expected float16 or bfloat16");

@@ -16,27 +16,44 @@
 namespace pagedattn::cuda::mla_decode {
 namespace {
 constexpr int64_t kSegmentOverhead = 2;
-}
 
-DecodeKernel select_decode_kernel(MlaDecodeKernelChoice choice, int num_heads, DType cache_dtype, bool wgmma_image) {
-  const bool sixteen_bit = cache_dtype == DType::bf16 || cache_dtype == DType::f16;
-  if (num_heads >= 64 && sixteen_bit && wgmma_image && choice == MlaDecodeKernelChoice::automatic) {
-    return DecodeKernel::wgmma;
+// The plan's requests (their tokens and keys, unsplit) from seq_lens and query_start_loc.
+void add_requests(Plan& plan, std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc) {
+  const int n = static_cast<int>(seq_lens.size());
+  PAGEDATTN_CHECK(query_start_loc.empty() || static_cast<int>(query_start_loc.size()) == n + 1, "query_start_loc",
+                  "CUDA_MLA plan: query_start_loc has ", query_start_loc.size(), " entries, expected 0 or ", n + 1);
+  PAGEDATTN_CHECK(query_start_loc.empty() || query_start_loc[0] == 0, "query_start_loc",
+                  "CUDA_MLA plan: query_start_loc[0] = ", query_start_loc.empty() ? 0 : query_start_loc[0],
+                  ", expected 0");
+  plan.requests.resize(static_cast<size_t>(n));
+  plan.tokens_per_request = 1;
+  for (int r = 0; r < n; ++r) {
+    PAGEDATTN_CHECK(seq_lens[r] >= 0, "seq_lens", "CUDA_MLA plan: a decode seq_len is ", seq_lens[r], ", expected >= 0");
+    const int32_t first = query_start_loc.empty() ? r : query_start_loc[r];
+    const int32_t q = query_start_loc.empty() ? 1 : query_start_loc[r + 1] - first;
+    PAGEDATTN_CHECK(q >= 1, "query_start_loc", "CUDA_MLA plan: decode request ", r, " has ", q,
+                    " tokens, expected >= 1");
+    plan.requests[r] = DecodeRequest{first, q, seq_lens[r], 1, -1};
+    plan.tokens_per_request = std::max(plan.tokens_per_request, static_cast<int>(q));
   }
-  return num_heads <= 32 ? DecodeKernel::mma_16_rows : DecodeKernel::mma_64_rows;
+}
+}  // namespace
+
+DecodeKernel select_decode_kernel(MlaDecodeKernelChoice choice, int rows, DType cache_dtype, bool wgmma_image) {
+  const bool sixteen_bit = cache_dtype == DType::bf16 || cache_dtype == DType::f16;
+  if (rows <= 16) return DecodeKernel::mma_16_rows;
+  if (sixteen_bit && wgmma_image && choice == MlaDecodeKernelChoice::automatic) return DecodeKernel::wgmma;
+  return rows <= 32 ? DecodeKernel::mma_16_rows : DecodeKernel::mma_64_rows;
 }
 
-Plan make_plan(std::span<const int32_t> seq_lens, int num_parts) {
+Plan make_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc, int num_parts) {
   PAGEDATTN_CHECK(num_parts >= 1, "num_parts", "CUDA_MLA plan: num_parts = ", num_parts, " must be >= 1");
   Plan plan;
   const int n = static_cast<int>(seq_lens.size());
-  plan.splits.assign(static_cast<size_t>(n), RequestSplit{1, -1});
+  add_requests(plan, seq_lens, query_start_loc);
   if (n == 0) return plan;
   int64_t tiles_total = 0;
-  for (int32_t s : seq_lens) {
-    PAGEDATTN_CHECK(s >= 0, "seq_lens", "CUDA_MLA plan: a decode seq_len is ", s, ", expected >= 0");
-    tiles_total += (s + kKeysPerTile - 1) / kKeysPerTile;
-  }
+  for (int32_t s : seq_lens) tiles_total += (s + kKeysPerTile - 1) / kKeysPerTile;
   // At most num_requests + num_parts segments, each paying the overhead: with this budget the
   // greedy fill below fits in num_parts parts (the last part's catch-all only absorbs rounding).
   const int64_t total = tiles_total + kSegmentOverhead * (n + num_parts);
@@ -90,7 +107,8 @@ Plan make_plan(std::span<const int32_t> seq_lens, int num_parts) {
   for (int r = 0; r < n; ++r) {
     const int k = segments_of[r];
     if (k > 1) {
-      plan.splits[r] = RequestSplit{k, slot};
+      plan.requests[r].num_splits = k;
+      plan.requests[r].partial_base = slot;
       for (int j = 0; j < k; ++j) plan.segments[seg_i + j].partial_row = slot + j;
       slot += k;
       plan.any_split = true;
@@ -101,22 +119,23 @@ Plan make_plan(std::span<const int32_t> seq_lens, int num_parts) {
   return plan;
 }
 
-Plan make_fixed_plan(std::span<const int32_t> seq_lens, int split_tiles, int num_parts) {
+Plan make_fixed_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc, int split_tiles,
+                     int num_parts) {
   PAGEDATTN_CHECK(num_parts >= 1 && split_tiles >= 1, "num_parts", "CUDA_MLA fixed plan: num_parts = ", num_parts,
                   ", split_tiles = ", split_tiles, ": both must be >= 1");
   Plan plan;
   const int n = static_cast<int>(seq_lens.size());
-  plan.splits.assign(static_cast<size_t>(n), RequestSplit{1, -1});
+  add_requests(plan, seq_lens, query_start_loc);
   if (n == 0) return plan;
   // Segments, request by request (fixed sizes), and their total cost.
   int64_t total = 0;
   int slot = 0;
   for (int r = 0; r < n; ++r) {
-    PAGEDATTN_CHECK(seq_lens[r] >= 0, "seq_lens", "CUDA_MLA plan: a decode seq_len is ", seq_lens[r], ", expected >= 0");
     const int64_t tiles = (seq_lens[r] + kKeysPerTile - 1) / kKeysPerTile;
     const int64_t count = std::max<int64_t>(1, (tiles + split_tiles - 1) / split_tiles);
     if (count > 1) {
-      plan.splits[r] = RequestSplit{static_cast<int32_t>(count), slot};
+      plan.requests[r].num_splits = static_cast<int32_t>(count);
+      plan.requests[r].partial_base = slot;
       plan.any_split = true;
     }
     for (int64_t j = 0; j < count; ++j) {

@@ -1,13 +1,15 @@
-// CUDA_MLA decode, compute-bound head counts (H >= 64, f16/bf16 cache): Hopper wgmma kernel.
+// CUDA_MLA decode, compute-bound shapes (R = tokens_per_request * H > 32 rows a request,
+// f16/bf16 cache): Hopper wgmma kernel.
 //
-// What it computes: exactly what mla_decode.cu's kernel computes (see there), per decode request
-// b (one query token) and query head h:
+// What it computes: exactly what mla_decode.cu's kernel computes (see there), per decode token b
+// (token t of a request of q tokens and seq_len s) and query head h:
 //   s_n = scale * (q[b, h, :576] . row_n[:576]),  o = sum_n softmax(s)_n row_n[:512],  LSE = log sum e^s
-// over the request's latent cache rows (values = the first 512 elements of the key rows), for one
-// plan segment (mla_decode.h) at a time; split segments write the same f32 partials (o, LSE) that
-// mla_decode.cu's combine kernel merges, uncut ones the output (and LSE) directly.
+// over the request's latent cache rows n < s - q + 1 + t (values = the first 512 elements of the
+// key rows), for one plan segment (mla_decode.h) at a time; split segments write the same f32
+// partials (o, LSE) that mla_decode.cu's combine kernel merges, uncut ones the output (and LSE)
+// directly.
 //
-// Tiling. A CTA of two warpgroups owns 64 query heads of one part's segments and walks each
+// Tiling. A CTA of two warpgroups owns 64 (token, head) rows of one part's segments and walks each
 // segment in 64-key tiles. Shared memory: Q 64 x 576 (73.7 KB, loaded once a segment), two K/V
 // stages of 64 keys x 576 (2 x 73.7 KB), P 64 x 64 (activation type, 8 KB) and the per-row
 // rescale factors: 230,144 bytes. Roles:
@@ -59,6 +61,7 @@
 #include "backends/cuda/common/async_primitives.cuh"
 #include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
+#include "backends/cuda/mla/mla_decode_rows.cuh"
 #include "backends/cuda/mla/mla_decode_wgmma.h"
 #include "pagedattn/error.h"
 
@@ -83,12 +86,12 @@ static_assert(kSmem <= 232448, "shared memory over the sm_90 limit");
 // Named barriers (0 is __syncthreads), 256 threads each.
 constexpr int kBarPReady = 1, kBarFull = 2, kBarPFree = 3, kBarPv0Done = 4;  // kBarPv0Done + (t & 1)
 
-// Byte offset in the cache of key `pos` of `request`, or -1 (past the segment's end, or a page
-// id outside the cache: the row reads as zeros).
-__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int request, int pos, int kv_end) {
+// Byte offset in the cache of key `pos` of the request whose block-table row is `bt_row`, or -1
+// (past the segment's end, or a page id outside the cache: the row reads as zeros).
+__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int bt_row, int pos, int kv_end) {
   if (pos >= kv_end) return -1;
   const int blk_idx = pos / p.block_size;
-  const int block = __ldg(p.block_table + static_cast<int64_t>(request) * p.bt_stride + blk_idx);
+  const int block = __ldg(p.block_table + static_cast<int64_t>(bt_row) * p.bt_stride + blk_idx);
   if (block < 0 || block >= p.num_blocks) return -1;
   return (static_cast<int64_t>(block) * p.block_stride +
           static_cast<int64_t>(pos - blk_idx * p.block_size) * p.token_stride) * 2;
@@ -96,11 +99,11 @@ __device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int request
 
 // WG1 thread `t1` (0..127) copies rows t1 / 8 + 16 * pass of a tile: chunk t1 % 8 of each of the
 // 9 column blocks (a warp request covers 4 whole 128-byte lines).
-__device__ __forceinline__ void tile_offsets(const DecodeParams& p, const Segment& seg, int tile, int t1,
+__device__ __forceinline__ void tile_offsets(const DecodeParams& p, const Segment& seg, int bt_row, int tile, int t1,
                                              int64_t (&offsets)[kCopyPasses]) {
 #pragma unroll
   for (int pass = 0; pass < kCopyPasses; ++pass) {
-    offsets[pass] = row_offset(p, seg.request, seg.kv_start + tile * kKeys + (t1 >> 3) + pass * kCopyRows, seg.kv_end);
+    offsets[pass] = row_offset(p, bt_row, seg.kv_start + tile * kKeys + (t1 >> 3) + pass * kCopyRows, seg.kv_end);
   }
 }
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const int64_t (&offsets)[kCopyPasses], int t1,
@@ -126,7 +129,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const DecodeParams p, int head_tiles) {
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const DecodeParams p, int row_tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
   char* q_smem = smem;                                           // Q tile
@@ -136,8 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   float* row_sum = alpha_smem + kRows;                           // (64,) epilogue: final row sums
   float* row_max = row_sum + kRows;                              // (64,) epilogue: final maxima (log2)
 
-  const int part = blockIdx.x / head_tiles;
-  const int h0 = (blockIdx.x - part * head_tiles) * kRows;
+  const int part = blockIdx.x / row_tiles;
+  const int r0 = (blockIdx.x - part * row_tiles) * kRows;          // the CTA's first row of a request
   const int wg = threadIdx.x >> 7;                                 // 0: S + softmax + O[:, :256); 1: loads + O[:, 256:)
   const int t1 = threadIdx.x & 127;                                // thread within the warpgroup
   const int lane = threadIdx.x & 31;
@@ -147,22 +150,25 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   const int seg_end = p.part_begin[part + 1];
   for (int seg_i = p.part_begin[part]; seg_i < seg_end; ++seg_i) {
     const Segment seg = p.segments[seg_i];
+    const DecodeRequest req = p.requests[seg.request];
     const int num_tiles = seg.kv_end > seg.kv_start ? (seg.kv_end - seg.kv_start + kKeys - 1) / kKeys : 0;
+    // Keys from mask_from on are masked for some row (each row past its own causal end).
+    const int mask_from = min(seg.kv_end, causal_end(req, 0));
     // Prologue: Q by all threads, tiles 0 and 1 by WG1; Q and tile 0 visible to all after the barrier.
     for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
       const int row = idx / kChunks, chunk = idx - row * kChunks;
-      const bool valid = h0 + row < p.num_heads;
+      const RowPlace at = row_place(p, req, r0 + row);
       const char* src = static_cast<const char*>(p.q) +
-                        (static_cast<int64_t>(seg.request) * p.q_token_stride +
-                         static_cast<int64_t>(valid ? h0 + row : 0) * p.q_head_stride) * 2 + chunk * 16;
-      cp_async_16(q_smem + swizzled_offset(row, chunk), src, valid);
+                        (static_cast<int64_t>(at.valid ? at.token : 0) * p.q_token_stride +
+                         static_cast<int64_t>(at.head) * p.q_head_stride) * 2 + chunk * 16;
+      cp_async_16(q_smem + swizzled_offset(row, chunk), src, at.valid);
     }
     cp_async_commit();
     int64_t offsets[kCopyPasses];
     if (wg == 1) {
       for (int t = 0; t < 2; ++t) {
         if (t < num_tiles) {
-          tile_offsets(p, seg, t, t1, offsets);
+          tile_offsets(p, seg, req.first_token, t, t1, offsets);
           load_tile(p, offsets, t1, stages + t * kTileBytes);
         }
         cp_async_commit();
@@ -200,12 +206,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         wgmma::wait<0>();
         wgmma::reg_fence(s);
 
-        // Mask keys past the segment; online softmax; P and alpha to shared memory.
+        // Mask keys past each row's end (the segment's, or its token's causal end); online
+        // softmax; P and alpha to shared memory.
         const int key0 = seg.kv_start + tile * kKeys + 2 * quad_col;
-        if (seg.kv_start + (tile + 1) * kKeys > seg.kv_end) {
+        if (seg.kv_start + (tile + 1) * kKeys > mask_from) {
+          const int end[2] = {row_key_end(p, req, seg.kv_end, r0 + r_lo), row_key_end(p, req, seg.kv_end, r0 + r_lo + 8)};
 #pragma unroll
           for (int e = 0; e < 32; ++e)
-            if (key0 + 8 * (e >> 2) + (e & 1) >= seg.kv_end) s[e] = neg_inf();
+            if (key0 + 8 * (e >> 2) + (e & 1) >= end[(e >> 1) & 1]) s[e] = neg_inf();
         }
         float alpha[2];
 #pragma unroll
@@ -274,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #pragma unroll 1
       for (int tile = 0; tile < num_tiles; ++tile) {
         // Page lookups of tile + 2 (their latency hides behind this tile's P . V).
-        if (tile + 2 < num_tiles) tile_offsets(p, seg, tile + 2, t1, offsets);
+        if (tile + 2 < num_tiles) tile_offsets(p, seg, req.first_token, tile + 2, t1, offsets);
         named_barrier::sync<kThreads>(kBarPReady);  // P(tile) and alpha(tile) written
         const char* kv = stages + (tile & 1) * kTileBytes;
         const float a0 = alpha_smem[r_lo], a1 = alpha_smem[r_lo + 8];
@@ -316,26 +324,27 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r_lo + 8 * h;
-      const int head = h0 + r;
-      if (head >= p.num_heads) continue;
+      const RowPlace at = row_place(p, req, r0 + r);
+      if (!at.valid) continue;
       const float lsum = row_sum[r];
       const float scale = lsum > 0.f ? p.out_scale / lsum : 0.f;
       const float lse = lse_base2(row_max[r], lsum);
       const int col0 = wg * kValueCols + 2 * quad_col;
       if (split) {
-        float* dst = p.partial_out + (static_cast<int64_t>(seg.partial_row) * p.num_heads + head) * kValue + col0;
+        const int64_t prow = partial_row(p, seg.partial_row, r0 + r);
+        float* dst = p.partial_out + prow * kValue + col0;
 #pragma unroll
         for (int j = 0; j < kValueCols / 8; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * scale, o[4 * j + 2 * h + 1] * scale);
-        if (wg == 0 && quad_col == 0) p.partial_lse[static_cast<int64_t>(seg.partial_row) * p.num_heads + head] = lse;
+        if (wg == 0 && quad_col == 0) p.partial_lse[prow] = lse;
       } else {
-        T* dst = static_cast<T*>(p.out) + seg.request * p.o_token_stride + head * p.o_head_stride + col0;
+        T* dst = static_cast<T*>(p.out) + at.token * p.o_token_stride + at.head * p.o_head_stride + col0;
 #pragma unroll
         for (int j = 0; j < kValueCols / 8; ++j)
           *reinterpret_cast<uint32_t*>(dst + 8 * j) =
               Mma<T>::pack(o[4 * j + 2 * h] * scale, o[4 * j + 2 * h + 1] * scale);
         if (wg == 0 && quad_col == 0 && p.lse != nullptr)
-          p.lse[head * p.lse_head_stride + static_cast<int64_t>(seg.request) * p.lse_token_stride] = lse;
+          p.lse[at.head * p.lse_head_stride + static_cast<int64_t>(at.token) * p.lse_token_stride] = lse;
       }
     }
     __syncthreads();  // Q, the stages and the row statistics are reused by the next segment
@@ -343,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #else
   // Not built for sm_90a: the static marker tells wgmma_decode_available() to keep this unused.
   __shared__ int not_sm90a_marker[32];
-  reinterpret_cast<volatile int*>(not_sm90a_marker)[threadIdx.x & 31] = head_tiles;
+  reinterpret_cast<volatile int*>(not_sm90a_marker)[threadIdx.x & 31] = row_tiles;
   __trap();
 #endif
 }
@@ -381,12 +390,12 @@ bool wgmma_decode_available() {
 
 void launch_decode_wgmma(const DecodeParams& params, DType activation, int num_parts, void* stream) {
   configure_wgmma_decode();
-  const int head_tiles = (params.num_heads + kRows - 1) / kRows;
+  const int tiles = row_tiles(DecodeKernel::wgmma, params.tokens_per_request * params.num_heads);
   const auto s = static_cast<cudaStream_t>(stream);
   if (activation == DType::bf16) {
-    mla_decode_wgmma_kernel<__nv_bfloat16><<<num_parts * head_tiles, kThreads, kSmem, s>>>(params, head_tiles);
+    mla_decode_wgmma_kernel<__nv_bfloat16><<<num_parts * tiles, kThreads, kSmem, s>>>(params, tiles);
   } else {
-    mla_decode_wgmma_kernel<__half><<<num_parts * head_tiles, kThreads, kSmem, s>>>(params, head_tiles);
+    mla_decode_wgmma_kernel<__half><<<num_parts * tiles, kThreads, kSmem, s>>>(params, tiles);
   }
   check_launch("mla_decode_wgmma_kernel");
 }

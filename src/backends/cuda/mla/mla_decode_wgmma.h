@@ -11,7 +11,7 @@ namespace pagedattn::cuda::mla_decode {
 // Whether the current device loads the kernel's sm_90a image (probed once per device).
 bool wgmma_decode_available();
 
-// Enqueues the decode kernel (num_parts * ceil(num_heads / 64) CTAs); the caller enqueues the
+// Enqueues the decode kernel (num_parts * ceil(tokens_per_request * num_heads / 64) CTAs); the caller enqueues the
 // combine kernel when the plan splits requests. Requires wgmma_decode_available() and a 16-bit
 // cache of the activation dtype.
 void launch_decode_wgmma(const DecodeParams& params, DType activation, int num_parts, void* stream);
