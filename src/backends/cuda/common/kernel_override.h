@@ -20,8 +20,9 @@
 //            16-bit cache, the large ones (over 32 64-key tiles per SM); decode = the decode-only
 //            kernel for every batch of decodes (and, with an fp8 cache at head size 64, kv-head
 //            pairs for every batch, not only the large ones: planner.h); unified = never.
-//   mla:     auto = the wgmma kernel for >= 64 heads with a 16-bit cache on sm_90a, mma.sync
-//            elsewhere; mma = the mma.sync kernel for every head count.
+//   mla:     auto = the wgmma kernel for requests of more than 16 rows (query tokens x heads) with a
+//            16-bit cache on sm_90a, mma.sync elsewhere (mla/mla_decode.h); mma = the mma.sync
+//            kernel for every shape.
 // The builders read the override once, at construction, and store the kernel they chose in each
 // plan (kernel_selection.h, mla/mla_decode.h); launches run the plan's kernel.
 #pragma once
