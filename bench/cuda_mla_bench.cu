@@ -126,17 +126,19 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   const md::Plan plan = md::make_plan(seqs, token_requests ? std::vector<int32_t>{} : qsl,
                                       std::max(1, sms / md::row_tiles(kernel, rows_per_request)));
 
-  // Device plan + block tables (one per rotation, disjoint blocks, random permutations; a
-  // request's row once per token).
-  const int64_t table_entries = static_cast<int64_t>(tokens) * cols;
+  // Device plan + block tables (one per rotation, disjoint blocks, random permutations; a row per
+  // kernel request: token_requests gives each token its request's row).
+  const int kernel_requests = static_cast<int>(plan.requests.size());
+  const int64_t table_entries = static_cast<int64_t>(kernel_requests) * cols;
   std::vector<int32_t> bt(static_cast<size_t>(rotations) * table_entries);
   std::mt19937 rng(7);
   for (int r = 0; r < rotations; ++r) {
     std::vector<int32_t> perm(blocks_needed);
     std::iota(perm.begin(), perm.end(), static_cast<int32_t>(r * blocks_needed));
     std::shuffle(perm.begin(), perm.end(), rng);
-    for (int t = 0; t < tokens; ++t) {
-      std::copy_n(perm.begin() + static_cast<int64_t>(t / q_len) * cols, cols, bt.begin() + r * table_entries + int64_t{t} * cols);
+    for (int i = 0; i < kernel_requests; ++i) {
+      const int64_t request = token_requests ? i / q_len : i;
+      std::copy_n(perm.begin() + request * cols, cols, bt.begin() + r * table_entries + int64_t{i} * cols);
     }
   }
   int32_t *bt_d = nullptr, *part_d = nullptr;
@@ -183,7 +185,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   p.requests = req_d;
   p.partial_out = po;
   p.partial_lse = pl;
-  p.num_requests = static_cast<int32_t>(plan.requests.size());
+  p.num_requests = kernel_requests;
   p.tokens_per_request = plan.tokens_per_request;
   p.scale_log2 = 0.0722f * 1.4426950408889634f;
   p.out_scale = 1.f;

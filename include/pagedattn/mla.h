@@ -125,11 +125,11 @@ struct MLADecodeMetadata {
   // Per decode token, in token order (num_decode_tokens,): the keys it attends, [0, its value):
   // token j of a request of q tokens and seq_len s sees s - q + 1 + j.
   std::vector<int32_t> token_seq_lens;
-  // On the cache's device, i32, one entry per decode TOKEN: seq_lens_device = token_seq_lens;
-  // block_table (num_decode_tokens, max_blocks) = each token's request row of the step's block
-  // table: a view of the step's rows when every decode has one token and no padding request
-  // (query_len 0) sits among them, else a gathered copy (block_table_storage, held by the plan;
-  // CUDA: the builder's persistent rows).
+  // On the cache's device, i32, one entry / row per decode REQUEST (a speculative decode's tokens
+  // share their request's row): seq_lens (num_decodes), block_table (num_decodes, max_blocks):
+  // the step's block-table rows of the decodes, a view of them, or, when padding requests
+  // (query_len 0) sat among them, a gathered copy in block_table_storage (held by the plan; CUDA:
+  // the builder's persistent rows).
   TensorView seq_lens_device, block_table;
   std::shared_ptr<Tensor> block_table_storage;
 };

@@ -60,14 +60,16 @@ class NaiveDecodeImpl final : public mla::MLACommonImpl {
     const DType cdt = kv_cache.dtype();
     const double ks = is_fp8(cdt) ? scales.k_scale : 1.0;
     const TensorView& bt = md.decode.block_table;
-    for (int i = 0; i < md.decode.num_decode_tokens; ++i) {  // token i: its own keys and row
+    int request = 0;  // token i's decode request (its block-table row)
+    for (int i = 0; i < md.decode.num_decode_tokens; ++i) {  // token i: its own keys
+      while (md.decode.query_start_loc[request + 1] <= i) ++request;
       const int64_t seen = md.decode.token_seq_lens[i];
       const int64_t keys = seen - (drop_last_key_ && seen > 1);
       for (int64_t h = 0; h < H; ++h) {
         std::vector<double> logit(keys), acc(L, 0.0);
         double m = -std::numeric_limits<double>::infinity();
         const auto row_at = [&](int64_t pos) {
-          const int64_t block = bt.data_as<int32_t>()[i * bt.stride(0) + (pos / bs) * bt.stride(1)];
+          const int64_t block = bt.data_as<int32_t>()[request * bt.stride(0) + (pos / bs) * bt.stride(1)];
           return block * kv_cache.stride(0) + (pos % bs) * kv_cache.stride(1);
         };
         for (int64_t pos = 0; pos < keys; ++pos) {

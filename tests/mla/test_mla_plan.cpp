@@ -91,7 +91,7 @@ TEST(MLAPlan, SplitAndChunkedContextAsVllm) {
   EXPECT_EQ(md.decode.block_table.data(), common.common.block_table_tensor.data());
   EXPECT_EQ(md.decode.query_start_loc, (std::vector<int32_t>{0, 1, 2}));
   EXPECT_EQ(md.decode.token_seq_lens, (std::vector<int32_t>{20, 5}));
-  EXPECT_EQ(md.decode.seq_lens_device.data(), md.decode.token_seq_lens.data());
+  EXPECT_EQ(md.decode.seq_lens_device.data(), md.decode.seq_lens.data());
   ASSERT_TRUE(md.prefill.has_value());
   const MLAPrefillMetadata& p = *md.prefill;
   EXPECT_EQ(p.token_offset, 2);
@@ -125,8 +125,8 @@ TEST(MLAPlan, SplitAndChunkedContextAsVllm) {
 // rows are gathered (views when they stay consecutive), their arrays hold the live requests only.
 // Speculative decoding (num_speculative_tokens k): requests of up to 1 + k tokens are decodes,
 // each token attending causally (token j of q sees seq_len - q + 1 + j keys) through its request's
-// block-table row, one row per token; longer requests stay prefills. Without k the same batch is a
-// decode and three prefills.
+// block-table row (one row per request); longer requests stay prefills. Without k the same batch is
+// a decode and three prefills.
 TEST(MLAPlan, SpeculativeDecodesAreDecodesOfTheirTokens) {
   BuilderConfig c = config(6, 64, 512, 96);
   c.num_speculative_tokens = 3;
@@ -142,15 +142,16 @@ TEST(MLAPlan, SpeculativeDecodesAreDecodesOfTheirTokens) {
   EXPECT_EQ(md.decode.query_start_loc, (std::vector<int32_t>{0, 1, 5, 7, 10}));
   EXPECT_EQ(md.decode.token_seq_lens, (std::vector<int32_t>{20, 31, 32, 33, 34, 1, 2, 8, 9, 10}));
   EXPECT_EQ(md.decode.max_seq_len, 34);
-  const std::vector<int> token_request = {0, 1, 1, 1, 1, 3, 3, 4, 4, 4};
+  const std::vector<int> decode_request = {0, 1, 3, 4};  // the step's rows of the 4 decodes
   const TensorView& bt = common.common.block_table_tensor;
-  ASSERT_EQ(md.decode.block_table.size(0), 10);
-  EXPECT_NE(md.decode.block_table_storage, nullptr);  // rows repeat: gathered
-  for (int t = 0; t < 10; ++t) {
+  ASSERT_EQ(md.decode.block_table.size(0), 4);
+  EXPECT_NE(md.decode.block_table_storage, nullptr);  // padding among them: gathered
+  EXPECT_EQ(md.decode.seq_lens_device.size(0), 4);
+  for (int i = 0; i < 4; ++i) {
     for (int64_t col = 0; col < bt.size(1); ++col) {
-      EXPECT_EQ(md.decode.block_table.data_as<int32_t>()[t * md.decode.block_table.stride(0) + col],
-                bt.data_as<int32_t>()[token_request[t] * bt.stride(0) + col])
-          << "token " << t << " column " << col;
+      EXPECT_EQ(md.decode.block_table.data_as<int32_t>()[i * md.decode.block_table.stride(0) + col],
+                bt.data_as<int32_t>()[decode_request[i] * bt.stride(0) + col])
+          << "decode " << i << " column " << col;
     }
   }
   ASSERT_TRUE(md.prefill.has_value());

@@ -270,8 +270,8 @@ class CpuMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     PAGEDATTN_CHECK(plan != nullptr, "metadata",
                     "CPU_MLA build: the plan is not a CpuMlaMetadata (make_metadata not used)");
     // Decode r is the plan's r-th decode request (padding requests left out by the builder): its
-    // q tokens are the step's [qsl[r], qsl[r + 1]), at positions seq_len - q .. seq_len - 1, and
-    // its row of the block table is that of its first token (block_table has one per token).
+    // q tokens are the step's [qsl[r], qsl[r + 1]), at positions seq_len - q .. seq_len - 1; its
+    // block-table row is row r.
     const int n = metadata.num_decodes;
     const std::vector<int32_t>& qsl = metadata.decode.query_start_loc;
     plan->decode_first_pos.resize(static_cast<size_t>(n));
@@ -280,14 +280,14 @@ class CpuMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     const TensorView& table = metadata.decode.block_table;
     const int64_t cols = cdiv(metadata.decode.max_seq_len, spec_.block_size);
     PAGEDATTN_CHECK(table.device() == Device::cpu && table.dtype() == DType::i32 &&
-                        table.ndim() == 2 && table.size(0) >= metadata.num_decode_tokens && table.size(1) >= cols,
+                        table.ndim() == 2 && table.size(0) >= n && table.size(1) >= cols,
                     "common.block_table_tensor", "CPU_MLA build: the decode block table is ",
-                    table.describe(), ": expected i32 on the cpu with >= ", metadata.num_decode_tokens,
-                    " rows and >= ", cols, " columns");
+                    table.describe(), ": expected i32 on the cpu with >= ", n, " rows and >= ",
+                    cols, " columns");
     plan->decode_block_table.resize(static_cast<size_t>(n * cols));
     plan->decode_block_table_cols = cols;
     for (int r = 0; r < n; ++r) {
-      const int32_t* row = table.data_as<const int32_t>() + qsl[r] * table.stride(0);
+      const int32_t* row = table.data_as<const int32_t>() + r * table.stride(0);
       for (int64_t b = 0; b < cols; ++b) {
         plan->decode_block_table[r * cols + b] = row[b * table.stride(1)];
       }

@@ -205,7 +205,8 @@ class MLACommonImpl : public MLAAttentionImpl {
   // decode request):
   //   q_latent (Td, H, L + R), kv_cache (num_blocks, block_size, L + R) (fp8 read = x * k_scale),
   //   keys = whole cache rows, values = rows[:L], scale = params().scale, keys
-  //   [0, token_seq_lens[t]) of decode token t through block_table row t (metadata.decode);
+  //   [0, token_seq_lens[t]) of decode token t, through its request's block_table row
+  //   (metadata.decode: request i's tokens are query_start_loc[i] .. [i + 1]);
   //   writes o_latent (Td, H, L) and, when defined, lse (H, Td) f32 natural log.
   //   Layouts: q_latent / o_latent are the workspace's rows, (Td, H, D):(H*D, D, 1); lse is a
   //   view of the caller's output_lse columns [0, Td), so its row stride is output_lse.stride(0)

@@ -51,17 +51,14 @@ TensorView host_i32_view(std::vector<int32_t>& v, Shape shape) {
   return TensorView(v.data(), DType::i32, shape, Device::cpu);
 }
 
-// The rows `reqs` (ascending, a row repeated for each token of a speculative decode) of the step's
-// block table, for one part of the plan: a view when they are consecutive (no padding request among
-// them, one token each: the usual case), else a copy gathered into
+// The rows `reqs` (ascending) of the step's block table, for one part of the plan: a view when they
+// are consecutive (no padding request among them: the usual case), else a copy gathered into
 // `storage` on the table's device (held by the plan; on CUDA one row copy each, issued on the
 // current stream before anything the plan runs).
 TensorView part_block_table(const TensorView& bt, const std::vector<int>& reqs, std::shared_ptr<Tensor>& storage) {
   const int64_t n = static_cast<int64_t>(reqs.size());
   if (n == 0) return bt.narrow(0, 0, 0);
-  bool consecutive = true;  // (a request's row repeats once per token of a speculative decode)
-  for (int64_t i = 1; i < n && consecutive; ++i) consecutive = reqs[i] == reqs[i - 1] + 1;
-  if (consecutive) return bt.narrow(0, reqs.front(), n);
+  if (reqs.back() - reqs.front() + 1 == n) return bt.narrow(0, reqs.front(), n);
   const int64_t cols = bt.size(1);
   storage = std::make_shared<Tensor>(Shape{n, cols}, DType::i32, bt.device(), bt.device_index());
   auto* dst = storage->data_as<int32_t>();
@@ -98,10 +95,8 @@ TensorView copy_slot_mapping_into(const Tensor& storage, const TensorView& slots
   return TensorView(dst, slots.dtype(), Shape{tokens}, slots.device(), storage.view().device_index());
 }
 
-// CUDA: the decode tokens' block-table rows (their first `cols` columns; reqs[t] = token t's
-// request) into `table` (rows of table.size(1) columns): one 2-D copy per run of consecutive
-// requests, or, when consecutive requests have q > 1 tokens each (speculative decodes), one 2-D
-// copy per token index.
+// CUDA: the decode requests' block-table rows (their first `cols` columns) into `table` (rows of
+// table.size(1) columns), one 2-D copy per run of consecutive requests.
 TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::vector<int>& reqs, int64_t cols) {
   const int64_t n = static_cast<int64_t>(reqs.size());
   const int64_t stride = table.shape()[1];
@@ -110,16 +105,7 @@ TensorView copy_rows_into(const Tensor& table, const TensorView& bt, const std::
     PAGEDATTN_CHECK(bt.stride(1) == 1, "common.block_table_tensor", kWho, "block_table_tensor is ", bt.describe(),
                     ": CUDA plans copy its rows and need them packed (column stride 1)");
     const auto* src = bt.data_as<const int32_t>();
-    int64_t uniform_q = 1;  // reqs = r0 x q, r0 + 1 x q, ...?
-    while (uniform_q < n && reqs[uniform_q] == reqs.front()) ++uniform_q;
-    bool uniform = uniform_q > 1 && n % uniform_q == 0;
-    for (int64_t t = 0; t < n && uniform; ++t) uniform = reqs[t] == reqs.front() + t / uniform_q;
-    for (int64_t j = 0; uniform && j < uniform_q; ++j) {
-      detail::memcpy_d2d_2d(dst + j * stride, static_cast<size_t>(uniform_q * stride) * sizeof(int32_t),
-                            src + reqs.front() * bt.stride(0), static_cast<size_t>(bt.stride(0)) * sizeof(int32_t),
-                            static_cast<size_t>(cols) * sizeof(int32_t), static_cast<size_t>(n / uniform_q));
-    }
-    for (int64_t i = 0; !uniform && i < n;) {
+    for (int64_t i = 0; i < n;) {
       int64_t run = 1;
       while (i + run < n && reqs[i + run] == reqs[i] + run) ++run;
       detail::memcpy_d2d_2d(dst + i * stride, static_cast<size_t>(stride) * sizeof(int32_t),
@@ -237,8 +223,8 @@ struct MLACommonMetadataBuilder::DeviceArrays {
   int64_t max_chunks = 0;
   int64_t max_blocks = 0;        // block-table columns: cdiv(max_model_len, block_size)
   Tensor slot_mapping;           // (T,) i64 storage, read as the caller's dtype; -1 past the step
-  Tensor decode_block_table;     // (Td, max_blocks) the decode tokens' rows (Td: max_decode_tokens())
-  Tensor decode_seq_lens;        // (Td,) the decode tokens' key counts
+  Tensor decode_block_table;     // (S, max_blocks) the decodes' rows
+  Tensor decode_seq_lens;        // (S,)
   Tensor query_start_loc;        // (S + 1,)
   Tensor seq_lens, context_lens; // (S,)
   Tensor chunk_starts;           // (max_chunks * S,)
@@ -257,8 +243,8 @@ MLACommonMetadataBuilder::MLACommonMetadataBuilder(KVCacheSpec spec, const Build
     arrays_->max_chunks = std::max<int64_t>(1, cdiv(config_.max_model_len, min_context_chunk()));
     arrays_->max_blocks = cdiv(config_.max_model_len, spec_.block_size);
     arrays_->slot_mapping = Tensor(Shape{config_.max_num_batched_tokens}, DType::i64, device_);
-    arrays_->decode_block_table = Tensor(Shape{max_decode_tokens(), arrays_->max_blocks}, DType::i32, device_);
-    arrays_->decode_seq_lens = Tensor(Shape{max_decode_tokens()}, DType::i32, device_);
+    arrays_->decode_block_table = Tensor(Shape{s, arrays_->max_blocks}, DType::i32, device_);
+    arrays_->decode_seq_lens = Tensor(Shape{s}, DType::i32, device_);
     arrays_->query_start_loc = Tensor(Shape{s + 1}, DType::i32, device_);
     arrays_->seq_lens = Tensor(Shape{s}, DType::i32, device_);
     arrays_->context_lens = Tensor(Shape{s}, DType::i32, device_);
@@ -332,10 +318,10 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   // Decodes first (reorder_batch_threshold(): 1, or 1 + k with k speculative tokens): the requests
   // of 1 to threshold tokens, then those of more. Requests of query_len 0 (padding) may sit
   // anywhere: no-ops, left out of both parts (the tokens of the others stay contiguous, so only
-  // the block-table rows need gathering: part_block_table). token_reqs: each decode token's
-  // request (a speculative decode's row once per token).
+  // the block-table rows need gathering: part_block_table).
   const int threshold = reorder_batch_threshold();
-  std::vector<int> decode_reqs, prefill_reqs, token_reqs;
+  std::vector<int> decode_reqs, prefill_reqs;
+  int num_decode_tokens = 0;
   for (int r = 0; r < num_reqs; ++r) {
     const int q = qsl[r + 1] - qsl[r];
     if (q == 0) continue;
@@ -344,14 +330,13 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
                       " <= reorder_batch_threshold ", threshold, " after a prefill (request ",
                       prefill_reqs.front(), "): the batch must be ordered decodes first (reorder_batch)");
       decode_reqs.push_back(r);
-      token_reqs.insert(token_reqs.end(), static_cast<size_t>(q), r);
+      num_decode_tokens += q;
     } else {
       prefill_reqs.push_back(r);
     }
   }
   const int num_decodes = static_cast<int>(decode_reqs.size());
   const int num_prefills = static_cast<int>(prefill_reqs.size());
-  const int num_decode_tokens = static_cast<int>(token_reqs.size());
   PAGEDATTN_CHECK(num_decode_tokens <= max_decode_tokens(), "common", kWho, "the step's decodes hold ",
                   num_decode_tokens, " tokens, more than the builder's ", max_decode_tokens(),
                   " (max_num_seqs x reorder_batch_threshold, at most max_num_batched_tokens)");
@@ -382,7 +367,7 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
     for (int j = 0; j < q; ++j) dec.token_seq_lens.push_back(seq_lens[r] - q + 1 + j);
   }
   dec.max_seq_len = num_decodes > 0 ? *std::max_element(dec.seq_lens.begin(), dec.seq_lens.end()) : 0;
-  if (device_ == Device::cpu) dec.block_table = part_block_table(bt, token_reqs, dec.block_table_storage);
+  if (device_ == Device::cpu) dec.block_table = part_block_table(bt, decode_reqs, dec.block_table_storage);
 
   // prefill part
   if (num_prefills > 0) {
@@ -468,9 +453,9 @@ std::shared_ptr<const AttentionMetadata> MLACommonMetadataBuilder::build(
   DeviceArrays* a = arrays_.get();
   if (a != nullptr) {
     md->slot_mapping = copy_slot_mapping_into(a->slot_mapping, md->slot_mapping, common.num_actual_tokens);
-    dec.block_table = copy_rows_into(a->decode_block_table, bt, token_reqs, cdiv(dec.max_seq_len, spec_.block_size));
+    dec.block_table = copy_rows_into(a->decode_block_table, bt, decode_reqs, cdiv(dec.max_seq_len, spec_.block_size));
   }
-  dec.seq_lens_device = place(dec.token_seq_lens, a ? &a->decode_seq_lens : nullptr, Shape{num_decode_tokens});
+  dec.seq_lens_device = place(dec.seq_lens, a ? &a->decode_seq_lens : nullptr, Shape{num_decodes});
   if (md->prefill) {
     MLAPrefillMetadata& pre = *md->prefill;
     const int64_t np = num_prefills;

@@ -172,9 +172,9 @@ class ReferenceMLAImpl final : public MLAAttentionImpl {
       bool decode;
     };
     std::vector<Req> reqs;
-    for (int i = 0; i < md.num_decodes; ++i) {  // block_table: a row per decode token
+    for (int i = 0; i < md.num_decodes; ++i) {  // block_table: a row per decode request
       const int32_t t0 = md.decode.query_start_loc[i];
-      reqs.push_back({t0, md.decode.query_start_loc[i + 1] - t0, md.decode.seq_lens[i], &md.decode.block_table, t0, true});
+      reqs.push_back({t0, md.decode.query_start_loc[i + 1] - t0, md.decode.seq_lens[i], &md.decode.block_table, i, true});
     }
     if (md.prefill) {
       const MLAPrefillMetadata& pre = *md.prefill;

@@ -128,14 +128,14 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const DecodeReques
   }
 }
 
-// Byte offset in the cache of key `pos` of the request whose block-table row is `bt_row`, or -1
-// (past the segment's end, or a page id outside the cache: the row reads as zeros). The
-// block-table read is the latency that the one-tile-ahead schedule below hides.
+// Byte offset in the cache of key `pos` of `request`, or -1 (past the segment's end, or a page
+// id outside the cache: the row reads as zeros). The block-table read is the latency that the
+// one-tile-ahead schedule below hides.
 template <bool kFp8>
-__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int bt_row, int pos, int kv_end) {
+__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int request, int pos, int kv_end) {
   if (pos >= kv_end) return -1;
   const int blk_idx = pos / p.block_size;
-  const int block = __ldg(p.block_table + static_cast<int64_t>(bt_row) * p.bt_stride + blk_idx);
+  const int block = __ldg(p.block_table + static_cast<int64_t>(request) * p.bt_stride + blk_idx);
   if (block < 0 || block >= p.num_blocks) return -1;
   return (static_cast<int64_t>(block) * p.block_stride +
           static_cast<int64_t>(pos - blk_idx * p.block_size) * p.token_stride) * (kFp8 ? 1 : 2);
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
     const int mask_from = min(seg.kv_end, causal_end(req, 0));
     // Row offsets of tiles 0 .. kStages - 1 (later tiles: fetched one iteration ahead).
     for (int i = threadIdx.x; i < kStages * kKeys; i += C::kThreads) {
-      row_offsets[i] = row_offset<kFp8>(p, req.first_token, seg.kv_start + i, seg.kv_end);
+      row_offsets[i] = row_offset<kFp8>(p, seg.request, seg.kv_start + i, seg.kv_end);
     }
     load_q<C>(p, req, r0, q_smem);
     cp_async_commit();
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
       // Row offsets of tile + kStages: read now, stored after this tile's math (latency hidden).
       int64_t next_offset = -1;
       if (threadIdx.x < kKeys && tile + kStages < num_tiles) {
-        next_offset = row_offset<kFp8>(p, req.first_token, seg.kv_start + (tile + kStages) * kKeys + threadIdx.x, seg.kv_end);
+        next_offset = row_offset<kFp8>(p, seg.request, seg.kv_start + (tile + kStages) * kKeys + threadIdx.x, seg.kv_end);
       }
       __syncthreads();  // every warp is done with tile - 1 (its stage)
       {

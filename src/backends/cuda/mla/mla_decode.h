@@ -40,7 +40,6 @@ struct Segment {
 
 struct DecodeRequest {
   int32_t first_token;   // its tokens: rows first_token .. + num_tokens of q, the output, the LSE
-                         // and the (per-token) block table
   int32_t num_tokens;    // q >= 1: token t sees keys [0, seq_len - num_tokens + 1 + t)
   int32_t seq_len;       // keys of its last token
   int32_t num_splits;    // 1: written directly
@@ -110,7 +109,7 @@ struct DecodeParams {
   const void* cache;          // (num_blocks, block_size, 576):(block_stride, token_stride, 1)
   int64_t block_stride, token_stride;
   int64_t num_blocks;         // page ids outside [0, num_blocks) read as zeros
-  const int32_t* block_table; // (tokens, cols):(bt_stride, 1): a request reads its first token's row
+  const int32_t* block_table; // (requests, cols):(bt_stride, 1)
   int64_t bt_stride;
   int32_t block_size;
   int32_t num_heads;

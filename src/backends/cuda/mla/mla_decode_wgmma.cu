@@ -86,12 +86,12 @@ static_assert(kSmem <= 232448, "shared memory over the sm_90 limit");
 // Named barriers (0 is __syncthreads), 256 threads each.
 constexpr int kBarPReady = 1, kBarFull = 2, kBarPFree = 3, kBarPv0Done = 4;  // kBarPv0Done + (t & 1)
 
-// Byte offset in the cache of key `pos` of the request whose block-table row is `bt_row`, or -1
-// (past the segment's end, or a page id outside the cache: the row reads as zeros).
-__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int bt_row, int pos, int kv_end) {
+// Byte offset in the cache of key `pos` of `request`, or -1 (past the segment's end, or a page
+// id outside the cache: the row reads as zeros).
+__device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int request, int pos, int kv_end) {
   if (pos >= kv_end) return -1;
   const int blk_idx = pos / p.block_size;
-  const int block = __ldg(p.block_table + static_cast<int64_t>(bt_row) * p.bt_stride + blk_idx);
+  const int block = __ldg(p.block_table + static_cast<int64_t>(request) * p.bt_stride + blk_idx);
   if (block < 0 || block >= p.num_blocks) return -1;
   return (static_cast<int64_t>(block) * p.block_stride +
           static_cast<int64_t>(pos - blk_idx * p.block_size) * p.token_stride) * 2;
@@ -99,11 +99,11 @@ __device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int bt_row,
 
 // WG1 thread `t1` (0..127) copies rows t1 / 8 + 16 * pass of a tile: chunk t1 % 8 of each of the
 // 9 column blocks (a warp request covers 4 whole 128-byte lines).
-__device__ __forceinline__ void tile_offsets(const DecodeParams& p, const Segment& seg, int bt_row, int tile, int t1,
+__device__ __forceinline__ void tile_offsets(const DecodeParams& p, const Segment& seg, int tile, int t1,
                                              int64_t (&offsets)[kCopyPasses]) {
 #pragma unroll
   for (int pass = 0; pass < kCopyPasses; ++pass) {
-    offsets[pass] = row_offset(p, bt_row, seg.kv_start + tile * kKeys + (t1 >> 3) + pass * kCopyRows, seg.kv_end);
+    offsets[pass] = row_offset(p, seg.request, seg.kv_start + tile * kKeys + (t1 >> 3) + pass * kCopyRows, seg.kv_end);
   }
 }
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const int64_t (&offsets)[kCopyPasses], int t1,
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     if (wg == 1) {
       for (int t = 0; t < 2; ++t) {
         if (t < num_tiles) {
-          tile_offsets(p, seg, req.first_token, t, t1, offsets);
+          tile_offsets(p, seg, t, t1, offsets);
           load_tile(p, offsets, t1, stages + t * kTileBytes);
         }
         cp_async_commit();
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
 #pragma unroll 1
       for (int tile = 0; tile < num_tiles; ++tile) {
         // Page lookups of tile + 2 (their latency hides behind this tile's P . V).
-        if (tile + 2 < num_tiles) tile_offsets(p, seg, req.first_token, tile + 2, t1, offsets);
+        if (tile + 2 < num_tiles) tile_offsets(p, seg, tile + 2, t1, offsets);
         named_barrier::sync<kThreads>(kBarPReady);  // P(tile) and alpha(tile) written
         const char* kv = stages + (tile & 1) * kTileBytes;
         const float a0 = alpha_smem[r_lo], a1 = alpha_smem[r_lo + 8];
