@@ -1,6 +1,6 @@
-// CUDA_MLA under CUDA graphs: one decode step of an MLA layer (cache write, the W_UK product, the
-// latent decode kernel and its combine, the W_UV product) is captured ONCE on a batch of 8 decodes
-// and replayed with other batches after only a build() per step: other context lengths (one long
+// CUDA_MLA under CUDA graphs (uniform_batch): one decode step of an MLA layer (cache write, the
+// W_UK product, the latent decode kernel and its combine, the W_UV product) is captured ONCE on a
+// batch of 8 decodes of q tokens each (q > 1: speculative decodes) and replayed with other batches after only a build() per step: other context lengths (one long
 // enough to be split over every part), trailing padding requests (query_len 0, as vLLM pads a
 // graph's batch), padding among the decodes (block-table rows gathered), and a single request.
 // Each replay gets fresh metadata tensors (the capture's are gone) whose slot mapping holds only
@@ -8,7 +8,8 @@
 // against REFERENCE_MLA (the fp64 oracle) doing the same step on a host copy of the cache: every
 // live output row written and within tolerance, the LSE, and the WHOLE cache byte-identical (no
 // padded slot written, every live one written). 16 heads (the mma.sync kernel; bf16 and fp8
-// caches) and 128 heads (the wgmma kernel).
+// caches) and 128 heads (the wgmma kernel); q = 1, and q = 2 / 3 (16 x q rows a request: wgmma
+// with a bf16 cache, the 64-row mma.sync kernel with fp8).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -38,6 +39,12 @@ constexpr int kBatch = 8, kBlock = 64, kCols = 40, kBlocks = kBatch * kCols + 4;
 // One step: per request (query_len, context_len); query_len 0 = padding.
 using Step = std::vector<std::pair<int, int>>;
 
+// `step` with every decode of query_len 1 made a decode of q tokens (same context before it).
+Step with_tokens(Step step, int q) {
+  for (auto& [len, ctx] : step) len = len == 1 ? q : len;
+  return step;
+}
+
 CommonAttentionMetadataArgs step_args(const Step& step, std::mt19937_64& rng) {
   CommonAttentionMetadataArgs a;
   a.query_start_loc = {0};
@@ -61,11 +68,13 @@ CommonAttentionMetadataArgs step_args(const Step& step, std::mt19937_64& rng) {
 struct GraphCase {
   int heads;
   const char* kv_cache_dtype;
-  std::vector<Step> replays;  // contexts kept short: the fp64 oracle up-projects every key per head
+  int tokens;  // q, every decode's query_len (the builders' num_speculative_tokens = q - 1)
+  std::vector<Step> replays;  // written with query_len 1 for a decode (with_tokens makes it q)  // contexts kept short: the fp64 oracle up-projects every key per head
 };
 
 void run_graph_case(const GraphCase& c) {
-  SCOPED_TRACE(detail::concat(c.heads, " heads, kv ", c.kv_cache_dtype));
+  SCOPED_TRACE(detail::concat(c.heads, " heads, kv ", c.kv_cache_dtype, ", ", c.tokens, " tokens a decode"));
+  const int rows = kBatch * c.tokens;  // the captured token rows
   const DType dtype = DType::bf16;
   const bool fp8 = std::string(c.kv_cache_dtype) != "auto";
   MLAAttention ref(gpu_test::deepseek_mla_params(c.heads, c.kv_cache_dtype, kBlock, "REFERENCE_MLA", Device::cpu));
@@ -90,18 +99,21 @@ void run_graph_case(const GraphCase& c) {
   Tensor cache_d = cache_h.to(Device::cuda);
 
   const int max_len = kCols * kBlock;
-  auto ref_builder = ref.backend().make_builder(ref.kv_cache_spec(), ref.builder_config(kBatch, 2 * kBatch, max_len),
-                                                Device::cpu);
-  auto dev_builder = dev.backend().make_builder(dev.kv_cache_spec(), dev.builder_config(kBatch, 2 * kBatch, max_len),
-                                                Device::cuda);
-  EXPECT_EQ(dev_builder->cudagraph_support(), CudaGraphSupport::uniform_single_token_decode);
+  const auto config = [&](const MLAAttention& layer) {
+    BuilderConfig b = layer.builder_config(kBatch, 2 * rows, max_len);
+    b.num_speculative_tokens = c.tokens - 1;
+    return b;
+  };
+  auto ref_builder = ref.backend().make_builder(ref.kv_cache_spec(), config(ref), Device::cpu);
+  auto dev_builder = dev.backend().make_builder(dev.kv_cache_spec(), config(dev), Device::cuda);
+  EXPECT_EQ(dev_builder->cudagraph_support(), CudaGraphSupport::uniform_batch);
 
   // The layer's persistent inputs and outputs (fixed addresses, as an engine's graph buffers).
-  Tensor q(Shape{kBatch, c.heads, kP + kR}, dtype, Device::cuda);
-  Tensor kv_c(Shape{kBatch, kL}, dtype, Device::cuda);
-  Tensor k_pe(Shape{kBatch, kR}, dtype, Device::cuda);
-  Tensor out(Shape{kBatch, c.heads, kV}, dtype, Device::cuda);
-  Tensor lse(Shape{c.heads, kBatch}, DType::f32, Device::cuda);
+  Tensor q(Shape{rows, c.heads, kP + kR}, dtype, Device::cuda);
+  Tensor kv_c(Shape{rows, kL}, dtype, Device::cuda);
+  Tensor k_pe(Shape{rows, kR}, dtype, Device::cuda);
+  Tensor out(Shape{rows, c.heads, kV}, dtype, Device::cuda);
+  Tensor lse(Shape{c.heads, rows}, DType::f32, Device::cuda);
 
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -118,9 +130,9 @@ void run_graph_case(const GraphCase& c) {
   const auto oracle_step = [&](const CommonAttentionMetadataArgs& args) {
     const OwnedCommonAttentionMetadata common = make_common_attention_metadata(args, Device::cpu, kBlocks, kBlock);
     const int live = common.common.num_actual_tokens;
-    const Tensor q_h = random_host(Shape{kBatch, c.heads, kP + kR}, dtype, seed++);
-    const Tensor c_h = random_host(Shape{kBatch, kL}, dtype, seed++);
-    const Tensor pe_h = random_host(Shape{kBatch, kR}, dtype, seed++);
+    const Tensor q_h = random_host(Shape{rows, c.heads, kP + kR}, dtype, seed++);
+    const Tensor c_h = random_host(Shape{rows, kL}, dtype, seed++);
+    const Tensor pe_h = random_host(Shape{rows, kR}, dtype, seed++);
     q.copy_from(q_h);
     kv_c.copy_from(c_h);
     k_pe.copy_from(pe_h);
@@ -134,7 +146,8 @@ void run_graph_case(const GraphCase& c) {
 
   // Capture on a full batch of decodes, after one eager run of the same step (lazy cuBLAS and
   // kernel state must exist before a capture); the oracle mirrors that eager step.
-  const Step capture_step = {{1, 10}, {1, 60}, {1, 33}, {1, 64}, {1, 100}, {1, 1}, {1, 29}, {1, 90}};
+  const Step capture_step =
+      with_tokens({{1, 10}, {1, 60}, {1, 33}, {1, 64}, {1, 100}, {1, 1}, {1, 29}, {1, 90}}, c.tokens);
   const CommonAttentionMetadataArgs capture_args = step_args(capture_step, rng);
   const OwnedCommonAttentionMetadata capture_common =
       make_common_attention_metadata(capture_args, Device::cuda, kBlocks, kBlock);
@@ -153,7 +166,7 @@ void run_graph_case(const GraphCase& c) {
   const std::vector<Step>& steps = c.replays;
   for (size_t si = 0; si < steps.size(); ++si) {
     SCOPED_TRACE(detail::concat("replay ", si));
-    const CommonAttentionMetadataArgs args = step_args(steps[si], rng);
+    const CommonAttentionMetadataArgs args = step_args(with_tokens(steps[si], c.tokens), rng);
     const Oracle want = oracle_step(args);
     const int live = want.live;
     {
@@ -177,7 +190,7 @@ void run_graph_case(const GraphCase& c) {
     double lse_err = 0;
     for (int h = 0; h < c.heads; ++h) {
       for (int t = 0; t < live; ++t) {
-        lse_err = std::max(lse_err, std::abs(double(got_lse.data_as<float>()[h * kBatch + t]) -
+        lse_err = std::max(lse_err, std::abs(double(got_lse.data_as<float>()[h * rows + t]) -
                                              want.lse.data_as<float>()[h * live + t]));
       }
     }
@@ -195,7 +208,8 @@ void run_graph_case(const GraphCase& c) {
 
 // The replays: other lengths (a request split over many parts: at 16 heads every SM is a part,
 // so a few hundred keys are cut), trailing padding (vLLM's padded graph batches), padding among
-// the decodes (rows gathered), a single request.
+// the decodes (rows gathered), a single request. Written with query_len 1 a decode: with_tokens
+// makes each a decode of the case's q tokens.
 const Step kOtherLengths = {{1, 700}, {1, 5}, {1, 17}, {1, 300}, {1, 1}, {1, 129}, {1, 64}, {1, 250}};
 const Step kTrailingPadding = {{1, 33}, {1, 400}, {1, 2}, {1, 77}, {1, 200}, {0, 0}, {0, 0}, {0, 0}};
 const Step kPaddingAmong = {{1, 90}, {0, 0}, {1, 130}, {1, 7}, {0, 0}, {1, 200}, {0, 0}, {0, 0}};
@@ -205,23 +219,35 @@ TEST(CudaMlaGraph, CaptureOnceReplayOtherDecodeBatches) {
   PAGEDATTN_REQUIRE_GPU();
   const char* small = std::getenv("PAGEDATTN_GPU_SMALL_GRID");  // the sanitizer runs
   if (small != nullptr && *small == '1') {
-    run_graph_case({16, "auto", {kTrailingPadding, kPaddingAmong}});
+    run_graph_case({16, "auto", 1, {kTrailingPadding, kPaddingAmong}});
+    run_graph_case({16, "auto", 3, {kPaddingAmong}});
     return;
   }
-  run_graph_case({16, "auto", {kOtherLengths, kTrailingPadding, kPaddingAmong, kOneRequest}});
-  run_graph_case({16, "fp8_e4m3", {kTrailingPadding, kPaddingAmong, kOneRequest}});
-  run_graph_case({128, "auto", {kPaddingAmong, {{1, 300}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}}}});
+  run_graph_case({16, "auto", 1, {kOtherLengths, kTrailingPadding, kPaddingAmong, kOneRequest}});
+  run_graph_case({16, "fp8_e4m3", 1, {kTrailingPadding, kPaddingAmong, kOneRequest}});
+  run_graph_case({128, "auto", 1, {kPaddingAmong, {{1, 300}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}}}});
 }
 
-// Only uniform single-token decode batches are captured: a prefill (query_len > 1) is refused by
-// build_for_cudagraph_capture with an Error naming common, as is a batch of padding only.
+// Speculative decodes (uniform_batch): every decode of q = 1 + k tokens, each token masked at its
+// own causal end, captured once and replayed with other lengths and padding.
+TEST(CudaMlaGraph, CaptureOnceReplaySpeculativeDecodeBatches) {
+  PAGEDATTN_REQUIRE_GPU();
+  run_graph_case({16, "auto", 3, {kOtherLengths, kTrailingPadding, kPaddingAmong, kOneRequest}});
+  run_graph_case({16, "fp8_e4m3", 2, {kTrailingPadding, kPaddingAmong}});
+  run_graph_case({128, "auto", 2, {kPaddingAmong, kOneRequest}});
+}
+
+// Only uniform decode batches are captured: a prefill (query_len past the reorder threshold),
+// decodes of unequal query_len and a batch of padding only are refused by
+// build_for_cudagraph_capture with an Error naming common.
 TEST(CudaMlaGraph, CaptureRefusesOtherBatches) {
   PAGEDATTN_REQUIRE_GPU();
   MLAAttention dev(gpu_test::deepseek_mla_params(16, "auto", kBlock, "CUDA_MLA", Device::cuda));
-  auto builder = dev.backend().make_builder(dev.kv_cache_spec(), dev.builder_config(kBatch, 64, kCols * kBlock),
-                                            Device::cuda);
+  BuilderConfig config = dev.builder_config(kBatch, 64, kCols * kBlock);
+  config.num_speculative_tokens = 2;  // decodes of up to 3 tokens
+  auto builder = dev.backend().make_builder(dev.kv_cache_spec(), config, Device::cuda);
   std::mt19937_64 rng(3);
-  for (const Step& step : {Step{{1, 20}, {5, 40}}, Step{{0, 0}, {0, 0}}}) {
+  for (const Step& step : {Step{{1, 20}, {5, 40}}, Step{{2, 20}, {0, 0}, {3, 40}}, Step{{0, 0}, {0, 0}}}) {
     const OwnedCommonAttentionMetadata common =
         make_common_attention_metadata(step_args(step, rng), Device::cuda, kBlocks, kBlock);
     EXPECT_FALSE(builder->can_run_in_cudagraph(common.common));
@@ -232,6 +258,10 @@ TEST(CudaMlaGraph, CaptureRefusesOtherBatches) {
       EXPECT_EQ(e.argument(), "common") << e.what();
     }
   }
+  // Uniform decodes of 3 tokens with padding are accepted.
+  const OwnedCommonAttentionMetadata ok =
+      make_common_attention_metadata(step_args(Step{{3, 20}, {0, 0}, {3, 9}}, rng), Device::cuda, kBlocks, kBlock);
+  EXPECT_TRUE(builder->can_run_in_cudagraph(ok.common));
 }
 
 }  // namespace

@@ -8,15 +8,17 @@
 // forward_decode only launches the plan's kernel. A plan is valid until the builder's next build() (or its
 // destruction): the shared MLA build stamps every plan (PlanStamp, backend.h) and forward /
 // do_kv_cache_update / forward_decode / the prefill runners throw on an older one.
-// CUDA graphs (cudagraph_support() == uniform_single_token_decode, as vLLM's FlashInfer MLA):
-// every array a decode step reads sits at a fixed address of the builder (the plan arrays here; the
-// slot mapping and block-table rows in the common builder), and a plan from
-// build_for_cudagraph_capture launches the kernel over every part the builder plans (empty parts
-// exit at once) and always the combine (a request of one segment is skipped there). A graph
-// captured on a batch of B decodes therefore replays any later plan of at most B decode requests
+// CUDA graphs (cudagraph_support() == uniform_batch, as vLLM's FlashMLA): every array a decode
+// step reads sits at a fixed address of the builder (the plan arrays here; the slot mapping and
+// block-table rows in the common builder), and a plan from build_for_cudagraph_capture launches
+// the kernel over every part the builder plans for its tokens-per-request count (empty parts exit
+// at once) and always the combine (a request of one segment is skipped there). The kernel, its
+// row tiles and its part count depend on that count q alone, so a graph captured on a batch of B
+// decodes of q tokens each replays any later plan of at most B decode requests of the same q
 // (plus padding requests of query_len 0) from build(): its cuBLAS products and cache write run
-// over the captured B rows, whose slots past the step are -1 and whose rows past the step are
-// scratch, as in vLLM's padded graphs.
+// over the captured B x q rows, whose slots past the step are -1 and whose rows past the step are
+// scratch, as in vLLM's padded graphs. A batch of decodes of unequal q is not captured (vLLM
+// keys its graphs by one uniform decode query length, 1 + num_speculative_tokens).
 #if PAGEDATTN_HAS_CUDA
 
 #include "backends/cuda/mla/mla_cuda_backend.h"
@@ -98,11 +100,12 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     partial_lse_ = Tensor(Shape{max_partial_rows_}, DType::f32, Device::cuda);
   }
 
-  // Decode-only batches (every request of query_len 1, or 0 for padding) within the limits.
+  // Decode-only batches whose decodes share one query_len (1 .. the reorder threshold; padding
+  // requests of query_len 0 anywhere) within the limits.
   bool can_run_in_cudagraph(const CommonAttentionMetadata& common) const override {
     return graph_problem(common).empty();
   }
-  CudaGraphSupport cudagraph_support() const override { return CudaGraphSupport::uniform_single_token_decode; }
+  CudaGraphSupport cudagraph_support() const override { return CudaGraphSupport::uniform_batch; }
   std::shared_ptr<const AttentionMetadata> build_for_cudagraph_capture(const CommonAttentionMetadata& common) override {
     const std::string problem = graph_problem(common);
     PAGEDATTN_CHECK(problem.empty(), "common", kName, " build_for_cudagraph_capture: ", problem);
@@ -193,16 +196,24 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     const auto start = [&qsl](int r) {
       return static_cast<int64_t>(load_f64(qsl.data(), qsl.dtype(), r * qsl.stride(0)));
     };
+    const int threshold = static_cast<int>(kernels_.size()) - 1;  // the largest decode query_len
     int decodes = 0;
+    int64_t uniform = 0;  // the first decode's query_len
     for (int r = 0; r < common.num_reqs; ++r) {
       const int64_t q = start(r + 1) - start(r);
-      if (q > 1) {
-        return detail::concat("request ", r, " has query_len ", q, ": a graph runs uniform batches of single-token "
-                              "decodes (query_len 1, or 0 for padding)");
+      if (q == 0) continue;
+      if (q > threshold) {
+        return detail::concat("request ", r, " has query_len ", q, ": a graph runs batches of decodes (query_len 1 .. ",
+                              threshold, ", the reorder threshold; 0 for padding)");
       }
-      decodes += q == 1 ? 1 : 0;
+      if (uniform == 0) uniform = q;
+      if (q != uniform) {
+        return detail::concat("request ", r, " has query_len ", q, " but an earlier decode has ", uniform,
+                              ": a graph runs uniform batches (every decode of one query_len; 0 for padding)");
+      }
+      ++decodes;
     }
-    if (decodes == 0) return "the batch has no decode (query_len 1) request";
+    if (decodes == 0) return "the batch has no decode request (every query_len is 0)";
     return {};
   }
   bool capturing_ = false;  // build_for_cudagraph_capture is building
