@@ -1,0 +1,256 @@
+// MLA 128-head decode probe (issue 18): where the wgmma decode kernel's time goes. Each part of
+// its work runs alone over the plan the builder makes (B requests x ctx keys, 128 heads: two
+// 64-row tiles a request, parts = SMs / 2, one CTA per (part, row tile), the kernel's 230 KB of
+// shared memory: one CTA an SM), so the kernel's own time (cuda_mla_bench, same run) can be read
+// against the floors of its pieces:
+//   load      the copier alone: WG1 streams each segment's 64-key tiles as the kernel does
+//             (cp.async 16 B, 8 threads a row, page lookups from a random block table, 2 stages of
+//             64 x 576); WG0 waits for each tile and releases it at once: the ingress time of the
+//             kernel's two-stage pipeline, the two row tiles of a request sharing rows through L2;
+//   load-1    the same with one row tile a request: each latent row read by one CTA;
+//   mma       the tensor work alone in the kernel's schedule: per tile WG0 S = Q.K^T (36 wgmma
+//             m64n64k16) and its half of P.V (4 m64n256k16), WG1 the other half once WG0's S is
+//             done (named barrier); no loads (the stages keep finite values), no softmax;
+//   mma-pair  the same instructions with no hand-off: per pair of tiles each warpgroup issues one
+//             S and both tiles' P.V for its half (FlashMLA's "seesaw" split without its softmax):
+//             the tensor core's own rate for this instruction mix.
+// Reading: `load` against the GEMM pieces says whether the kernel could be bound by its ingress or
+// by its tensor work, and the kernel's own time against both says how well it overlaps them
+// (docs/perf/mla.md, session 28).
+//
+// Build: the mla_wgmma_probe target (bench/CMakeLists.txt; preset `cuda`, sm_90a). Run it alone:
+//   mla_wgmma_probe [BATCH CONTEXT]   (default 128 4096)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/common/async_primitives.cuh"
+#include "backends/cuda/mla/mla_decode.h"
+#include "cuda_bench_common.cuh"
+
+namespace {
+using namespace pagedattn::cuda;
+namespace md = pagedattn::cuda::mla_decode;
+
+constexpr int kRows = 64, kKeys = md::kKeysPerTile, kThreads = 256;
+constexpr int kChunks = md::kLatent * 2 / 16;           // 72 16-byte chunks a row
+constexpr int kBlockBytes = kRows * 128;                // a 64-column block of a 64-row tile
+constexpr int kTileBytes = md::kLatent / 64 * kBlockBytes;
+constexpr int kSmem = 3 * kTileBytes + kBlockBytes;     // Q, 2 stages, P
+constexpr int kPage = 64;
+[[maybe_unused]] constexpr int kBarFull = 1, kBarFree = 2, kBarS = 3;
+
+struct Args {
+  const char* cache;          // (blocks, 64, 576) bf16
+  const int32_t* table;       // (requests, cols)
+  int cols;
+  const md::Segment* segments;
+  const int32_t* part_begin;
+  int row_tiles;
+  unsigned long long* sink;
+};
+
+__device__ __forceinline__ void issue_tile(const Args& a, const md::Segment& seg, int tile, int t1, char* stage) {
+  const int sub = t1 & 7;
+#pragma unroll
+  for (int pass = 0; pass < 4; ++pass) {
+    const int row = (t1 >> 3) + pass * 16;
+    const int pos = seg.kv_start + tile * kKeys + row;
+    const bool valid = pos < seg.kv_end;
+    const int block = valid ? __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos / kPage) : 0;
+    const char* src = a.cache + (static_cast<int64_t>(block) * kPage + pos % kPage) * md::kLatent * 2 + sub * 16;
+#pragma unroll
+    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(stage + swizzled_offset(row, sub + 8 * j), src + j * 128, valid);
+  }
+  cp_async_commit();
+}
+
+__device__ __forceinline__ int tiles_of(const md::Segment& s) { return (s.kv_end - s.kv_start + kKeys - 1) / kKeys; }
+
+// `load`: WG1 copies, WG0 releases each tile as soon as it landed.
+__global__ void __launch_bounds__(kThreads, 1) probe_load(const Args a) {
+  extern __shared__ __align__(1024) char smem[];
+  char* stages = smem + kTileBytes;
+  const int part = blockIdx.x / a.row_tiles;
+  const int wg = threadIdx.x >> 7, t1 = threadIdx.x & 127;
+  uint32_t acc = 0;
+  for (int si = a.part_begin[part]; si < a.part_begin[part + 1]; ++si) {
+    const md::Segment seg = a.segments[si];
+    const int n = tiles_of(seg);
+    if (wg == 1) {
+      for (int t = 0; t < 2; ++t) {
+        if (t < n) issue_tile(a, seg, t, t1, stages + t * kTileBytes);
+        else cp_async_commit();
+      }
+      for (int t = 0; t < n; ++t) {
+        cp_async_wait<1>();
+        named_barrier::arrive<kThreads>(kBarFull);       // tile t landed
+        if (t + 2 < n) {
+          named_barrier::sync<kThreads>(kBarFree);       // WG0 released it
+          issue_tile(a, seg, t + 2, t1, stages + (t & 1) * kTileBytes);
+        } else {
+          cp_async_commit();
+        }
+      }
+      cp_async_wait<0>();
+    } else {
+      for (int t = 0; t < n; ++t) {
+        named_barrier::sync<kThreads>(kBarFull);
+        acc += *reinterpret_cast<const uint32_t*>(stages + (t & 1) * kTileBytes + t1 * 16);
+        if (t + 2 < n) named_barrier::arrive<kThreads>(kBarFree);
+      }
+    }
+    __syncthreads();
+  }
+  if (acc == 0x12345678u) atomicAdd(a.sink, 1ull);
+}
+
+// `mma` (kPair false) and `mma-pair` (kPair true): the tensor work alone over the part's tiles.
+template <bool kPair>
+__global__ void __launch_bounds__(kThreads, 1) probe_mma(const Args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  char* q_smem = smem;
+  char* stages = smem + kTileBytes;
+  char* p_smem = stages + 2 * kTileBytes;
+  const int part = blockIdx.x / a.row_tiles;
+  const int wg = threadIdx.x >> 7;
+  // Finite operands once: Q and both stages from the cache's first rows, P zeros.
+  for (int idx = threadIdx.x; idx < 3 * kRows * kChunks; idx += kThreads) {
+    const int tile = idx / (kRows * kChunks), rest = idx % (kRows * kChunks);
+    const int row = rest / kChunks, chunk = rest % kChunks;
+    cp_async_16(smem + tile * kTileBytes + swizzled_offset(row, chunk),
+                a.cache + (static_cast<int64_t>(tile) * kRows + row) * md::kLatent * 2 + chunk * 16, true);
+  }
+  cp_async_commit();
+  for (int i = threadIdx.x; i < kBlockBytes / 4; i += kThreads) reinterpret_cast<uint32_t*>(p_smem)[i] = 0;
+  cp_async_wait<0>();
+  wgmma::fence_async_smem();
+  __syncthreads();
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float s[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.f;
+  const char* v_half = nullptr;
+  for (int si = a.part_begin[part]; si < a.part_begin[part + 1]; ++si) {
+    const md::Segment seg = a.segments[si];
+    const int n = tiles_of(seg);
+    for (int t = 0; t < n; ++t) {
+      const char* kv = stages + (t & 1) * kTileBytes;
+      v_half = kv + wg * 4 * kBlockBytes;
+      const bool do_s = kPair ? (t & 1) == wg : wg == 0;
+      if (do_s) {
+        wgmma::reg_fence(s);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < md::kLatent / 16; ++kk) {
+          const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+          wgmma::Ops<__nv_bfloat16>::ss_n64(s, wgmma::smem_desc(q_smem + off, 16, 1024),
+                                            wgmma::smem_desc(kv + off, 16, 1024));
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::reg_fence(s);
+      }
+      if (!kPair) {
+        if (wg == 0) named_barrier::arrive<kThreads>(kBarS);
+        else named_barrier::sync<kThreads>(kBarS);
+      }
+      wgmma::reg_fence(o);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kKeys / 16; ++ks) {
+        wgmma::Ops<__nv_bfloat16>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+                                              wgmma::smem_desc(v_half + ks * 16 * 128, kBlockBytes, 1024));
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+    }
+  }
+  float x = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) x += s[i];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) x += o[i];
+  if (x == 1234.5f) atomicAdd(a.sink, 1ull);
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int batch = argc > 2 ? std::atoi(argv[1]) : 128;
+  const int context = argc > 2 ? std::atoi(argv[2]) : 4096;
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  const int cols = (context + kPage - 1) / kPage;
+  const int64_t blocks = int64_t{batch} * cols;
+  void* cache = nullptr;
+  BENCH_CUDA(cudaMalloc(&cache, blocks * kPage * md::kLatent * 2));
+  fill(cache, blocks * kPage * md::kLatent, DType::bf16, 3);
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(5));
+  int32_t* table_d = nullptr;
+  BENCH_CUDA(cudaMalloc(&table_d, table.size() * 4));
+  BENCH_CUDA(cudaMemcpy(table_d, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  unsigned long long* sink = nullptr;
+  BENCH_CUDA(cudaMalloc(&sink, 8));
+  std::printf("device %s, %d SMs; B%d x %d keys, 128 heads (2 row tiles a request)\n", prop.name, sms, batch, context);
+
+  const std::vector<int32_t> seqs(static_cast<size_t>(batch), context);
+  const double tile_bytes = 64.0 * md::kLatent * 2;
+  const double tile_flops = 2.0 * kRows * kKeys * (md::kLatent + md::kValue);  // a CTA's S and P.V of a tile
+  for (int row_tiles : {2, 1}) {
+    const md::Plan plan = md::make_plan(seqs, {}, std::max(1, sms / row_tiles));
+    md::Segment* seg_d = nullptr;
+    int32_t* part_d = nullptr;
+    BENCH_CUDA(cudaMalloc(&seg_d, plan.segments.size() * sizeof(md::Segment)));
+    BENCH_CUDA(cudaMemcpy(seg_d, plan.segments.data(), plan.segments.size() * sizeof(md::Segment),
+                          cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMalloc(&part_d, plan.part_begin.size() * 4));
+    BENCH_CUDA(cudaMemcpy(part_d, plan.part_begin.data(), plan.part_begin.size() * 4, cudaMemcpyHostToDevice));
+    const Args args{static_cast<const char*>(cache), table_d, cols, seg_d, part_d, row_tiles, sink};
+    const dim3 grid(plan.num_parts * row_tiles);
+    double tiles = 0;
+    for (const md::Segment& s : plan.segments) tiles += (s.kv_end - s.kv_start + kKeys - 1) / kKeys;
+    tiles *= row_tiles;  // CTA-tiles
+    const auto report = [&](const char* name, const std::function<void()>& launch, bool math) {
+      launch();
+      BENCH_CUDA(cudaDeviceSynchronize());
+      const float ms = time_events(launch, 20);
+      const double per_tile_us = ms * 1e3 / (tiles / grid.x);
+      if (math) {
+        std::printf("%-10s %8.4f ms  %6.0f TFLOP/s  %.3f us a tile a CTA\n", name, ms,
+                    tiles * tile_flops / (ms * 1e-3) / 1e12, per_tile_us);
+      } else {
+        std::printf("%-10s %8.4f ms  %6.2f TB/s into shared memory  %.3f us a tile a CTA  (%d CTAs)\n", name, ms,
+                    tiles * tile_bytes / (ms * 1e-3) / 1e12, per_tile_us, grid.x);
+      }
+    };
+    cudaFuncSetAttribute(probe_load, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    report(row_tiles == 2 ? "load" : "load-1", [&] { probe_load<<<grid, kThreads, kSmem>>>(args); }, false);
+    if (row_tiles == 2) {
+      cudaFuncSetAttribute(probe_mma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      cudaFuncSetAttribute(probe_mma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      report("mma", [&] { probe_mma<false><<<grid, kThreads, kSmem>>>(args); }, true);
+      report("mma-pair", [&] { probe_mma<true><<<grid, kThreads, kSmem>>>(args); }, true);
+    }
+    BENCH_CUDA(cudaGetLastError());
+    cudaFree(seg_d);
+    cudaFree(part_d);
+  }
+  cudaFree(cache);
+  cudaFree(table_d);
+  cudaFree(sink);
+  return 0;
+}
