@@ -13,7 +13,11 @@
 //             done (named barrier); no loads (the stages keep finite values), no softmax;
 //   mma-pair  the same instructions with no hand-off: per pair of tiles each warpgroup issues one
 //             S and both tiles' P.V for its half (FlashMLA's "seesaw" split without its softmax):
-//             the tensor core's own rate for this instruction mix.
+//             the tensor core's own rate for this instruction mix;
+//   load-hold the copier with WG0 holding each tile for mma's time a tile before releasing it (a
+//             stand-in for the compute: the kernel's overlap of copies and math, no math);
+//   load-hold-l2, load-l2  the same (and with no hold) with an L2 prefetch of the tile kL2Ahead
+//             ahead issued when tile t + 2 is copied (cp.async.bulk.prefetch.L2, a row a thread).
 // Reading: `load` against the GEMM pieces says whether the kernel could be bound by its ingress or
 // by its tensor work, and the kernel's own time against both says how well it overlaps them
 // (docs/perf/mla.md, session 28).
@@ -44,6 +48,7 @@ constexpr int kTileBytes = md::kLatent / 64 * kBlockBytes;
 constexpr int kSmem = 3 * kTileBytes + kBlockBytes;     // Q, 2 stages, P
 constexpr int kPage = 64;
 [[maybe_unused]] constexpr int kBarFull = 1, kBarFree = 2, kBarS = 3;
+constexpr int kL2Ahead = 4;  // load-*-l2: tiles between a tile's L2 prefetch and its release
 
 struct Args {
   const char* cache;          // (blocks, 64, 576) bf16
@@ -53,6 +58,7 @@ struct Args {
   const int32_t* part_begin;
   int row_tiles;
   unsigned long long* sink;
+  long long hold_cycles;      // load-hold: WG0 holds each tile this long before releasing it
 };
 
 __device__ __forceinline__ void issue_tile(const Args& a, const md::Segment& seg, int tile, int t1, char* stage) {
@@ -72,7 +78,22 @@ __device__ __forceinline__ void issue_tile(const Args& a, const md::Segment& seg
 
 __device__ __forceinline__ int tiles_of(const md::Segment& s) { return (s.kv_end - s.kv_start + kKeys - 1) / kKeys; }
 
-// `load`: WG1 copies, WG0 releases each tile as soon as it landed.
+// L2 prefetch of a tile's rows: one bulk prefetch of a row's 1,152 bytes by one thread of each 8.
+__device__ __forceinline__ void prefetch_tile(const Args& a, const md::Segment& seg, int tile, int t1) {
+  if ((t1 & 7) != 0) return;
+#pragma unroll
+  for (int pass = 0; pass < 4; ++pass) {
+    const int pos = seg.kv_start + tile * kKeys + (t1 >> 3) + pass * 16;
+    if (pos >= seg.kv_end) continue;
+    const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos / kPage);
+    prefetch_l2_bulk(a.cache + (static_cast<int64_t>(block) * kPage + pos % kPage) * md::kLatent * 2, md::kLatent * 2);
+  }
+}
+
+// `load`: WG1 copies, WG0 releases each tile as soon as it landed, or after hold_cycles (a
+// stand-in for the tile's compute); kAhead > 0: WG1 also prefetches tile t + kAhead into L2 when
+// it copies tile t + 2 (the wgmma kernel's candidate, docs/perf/mla.md session 28).
+template <int kAhead>
 __global__ void __launch_bounds__(kThreads, 1) probe_load(const Args a) {
   extern __shared__ __align__(1024) char smem[];
   char* stages = smem + kTileBytes;
@@ -87,6 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_load(const Args a) {
         if (t < n) issue_tile(a, seg, t, t1, stages + t * kTileBytes);
         else cp_async_commit();
       }
+      for (int t = 2; t < kAhead && t < n; ++t) prefetch_tile(a, seg, t, t1);
       for (int t = 0; t < n; ++t) {
         cp_async_wait<1>();
         named_barrier::arrive<kThreads>(kBarFull);       // tile t landed
@@ -96,12 +118,18 @@ __global__ void __launch_bounds__(kThreads, 1) probe_load(const Args a) {
         } else {
           cp_async_commit();
         }
+        if (kAhead > 0 && t + kAhead < n) prefetch_tile(a, seg, t + kAhead, t1);
       }
       cp_async_wait<0>();
     } else {
       for (int t = 0; t < n; ++t) {
         named_barrier::sync<kThreads>(kBarFull);
         acc += *reinterpret_cast<const uint32_t*>(stages + (t & 1) * kTileBytes + t1 * 16);
+        if (a.hold_cycles > 0) {
+          const long long t0 = clock64();
+          while (clock64() - t0 < a.hold_cycles) {
+          }
+        }
         if (t + 2 < n) named_barrier::arrive<kThreads>(kBarFree);
       }
     }
@@ -184,6 +212,18 @@ __global__ void __launch_bounds__(kThreads, 1) probe_mma(const Args a) {
 #endif
 }
 
+// clock64 cycles and %globaltimer nanoseconds over a spin of 20 M cycles.
+__global__ void clock_rate(long long* out) {
+  unsigned long long t0, t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const long long c0 = clock64();
+  long long c = c0;
+  while (c - c0 < 20000000) c = clock64();
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  out[0] = c - c0;
+  out[1] = static_cast<long long>(t1 - t0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -207,6 +247,16 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaMalloc(&sink, 8));
   std::printf("device %s, %d SMs; B%d x %d keys, 128 heads (2 row tiles a request)\n", prop.name, sms, batch, context);
 
+  // SM cycles a nanosecond under a spin (the hold's unit).
+  long long* clk_d = nullptr;
+  BENCH_CUDA(cudaMalloc(&clk_d, 16));
+  clock_rate<<<1, 1>>>(clk_d);
+  long long clk[2] = {0, 1};
+  BENCH_CUDA(cudaMemcpy(clk, clk_d, 16, cudaMemcpyDeviceToHost));
+  cudaFree(clk_d);
+  const double cycles_per_ns = static_cast<double>(clk[0]) / static_cast<double>(clk[1]);
+  std::printf("SM clock under a spin: %.3f GHz\n", cycles_per_ns);
+  double last_tile_us = 0;  // the last reported variant's time a tile a CTA
   const std::vector<int32_t> seqs(static_cast<size_t>(batch), context);
   const double tile_bytes = 64.0 * md::kLatent * 2;
   const double tile_flops = 2.0 * kRows * kKeys * (md::kLatent + md::kValue);  // a CTA's S and P.V of a tile
@@ -219,7 +269,7 @@ int main(int argc, char** argv) {
                           cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMalloc(&part_d, plan.part_begin.size() * 4));
     BENCH_CUDA(cudaMemcpy(part_d, plan.part_begin.data(), plan.part_begin.size() * 4, cudaMemcpyHostToDevice));
-    const Args args{static_cast<const char*>(cache), table_d, cols, seg_d, part_d, row_tiles, sink};
+    Args args{static_cast<const char*>(cache), table_d, cols, seg_d, part_d, row_tiles, sink, 0};
     const dim3 grid(plan.num_parts * row_tiles);
     double tiles = 0;
     for (const md::Segment& s : plan.segments) tiles += (s.kv_end - s.kv_start + kKeys - 1) / kKeys;
@@ -229,6 +279,7 @@ int main(int argc, char** argv) {
       BENCH_CUDA(cudaDeviceSynchronize());
       const float ms = time_events(launch, 20);
       const double per_tile_us = ms * 1e3 / (tiles / grid.x);
+      last_tile_us = per_tile_us;
       if (math) {
         std::printf("%-10s %8.4f ms  %6.0f TFLOP/s  %.3f us a tile a CTA\n", name, ms,
                     tiles * tile_flops / (ms * 1e-3) / 1e12, per_tile_us);
@@ -237,13 +288,24 @@ int main(int argc, char** argv) {
                     tiles * tile_bytes / (ms * 1e-3) / 1e12, per_tile_us, grid.x);
       }
     };
-    cudaFuncSetAttribute(probe_load, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    report(row_tiles == 2 ? "load" : "load-1", [&] { probe_load<<<grid, kThreads, kSmem>>>(args); }, false);
+    for (auto* k : {probe_load<0>, probe_load<kL2Ahead>, probe_mma<false>, probe_mma<true>}) {
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    }
+    report(row_tiles == 2 ? "load" : "load-1", [&] { probe_load<0><<<grid, kThreads, kSmem>>>(args); }, false);
     if (row_tiles == 2) {
-      cudaFuncSetAttribute(probe_mma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      cudaFuncSetAttribute(probe_mma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      report("mma", [&] { probe_mma<false><<<grid, kThreads, kSmem>>>(args); }, true);
       report("mma-pair", [&] { probe_mma<true><<<grid, kThreads, kSmem>>>(args); }, true);
+      report("mma", [&] { probe_mma<false><<<grid, kThreads, kSmem>>>(args); }, true);
+      // The copier under a hold of the kernel's tensor time a tile (mma), without and with the L2
+      // prefetch kL2Ahead tiles ahead: does the prefetch let the copies keep up with the compute?
+      args.hold_cycles = static_cast<long long>(last_tile_us * 1e3 * cycles_per_ns);
+      report("load-hold", [&] { probe_load<0><<<grid, kThreads, kSmem>>>(args); }, false);
+      report("load-hold-l2", [&] { probe_load<kL2Ahead><<<grid, kThreads, kSmem>>>(args); }, false);
+      report("load-l2", [&] {
+        Args no_hold = args;
+        no_hold.hold_cycles = 0;
+        probe_load<kL2Ahead><<<grid, kThreads, kSmem>>>(no_hold);
+      }, false);
+      args.hold_cycles = 0;
     }
     BENCH_CUDA(cudaGetLastError());
     cudaFree(seg_d);

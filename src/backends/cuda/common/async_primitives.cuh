@@ -33,6 +33,11 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
                "l"(gmem_src), "r"(src_size));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// L2 prefetch of `bytes` (a multiple of 16, 16-byte aligned) from global memory (sm_90): no
+// register or shared-memory destination, so it can run further ahead than the stages hold.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
