@@ -1,5 +1,6 @@
 // Every inline-asm wrapper of the asynchronous units the CUDA kernels use, in one place:
 //   cp.async       16-byte global -> shared copies (zero-fill), commit / wait groups (sm_80+);
+//                  bulk L2 prefetches (sm_90);
 //   mbarrier       shared-memory barriers of the warp-specialized kernels (init, arrive, arrive
 //                  on a thread's cp.async copies, transaction counts of TMA copies, wait);
 //   TMA            tensor copies global -> shared completing on an mbarrier (sm_90);
