@@ -61,6 +61,12 @@ struct Args {
   long long hold_cycles;      // load-hold: WG0 holds each tile this long before releasing it
 };
 
+// The cache row of key `pos` of the segment's request (pos < kv_end).
+__device__ __forceinline__ const char* row_src(const Args& a, const md::Segment& seg, int pos) {
+  const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos / kPage);
+  return a.cache + (static_cast<int64_t>(block) * kPage + pos % kPage) * md::kLatent * 2;
+}
+
 __device__ __forceinline__ void issue_tile(const Args& a, const md::Segment& seg, int tile, int t1, char* stage) {
   const int sub = t1 & 7;
 #pragma unroll
@@ -68,8 +74,7 @@ __device__ __forceinline__ void issue_tile(const Args& a, const md::Segment& seg
     const int row = (t1 >> 3) + pass * 16;
     const int pos = seg.kv_start + tile * kKeys + row;
     const bool valid = pos < seg.kv_end;
-    const int block = valid ? __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos / kPage) : 0;
-    const char* src = a.cache + (static_cast<int64_t>(block) * kPage + pos % kPage) * md::kLatent * 2 + sub * 16;
+    const char* src = (valid ? row_src(a, seg, pos) : a.cache) + sub * 16;
 #pragma unroll
     for (int j = 0; j < kChunks / 8; ++j) cp_async_16(stage + swizzled_offset(row, sub + 8 * j), src + j * 128, valid);
   }
@@ -84,9 +89,7 @@ __device__ __forceinline__ void prefetch_tile(const Args& a, const md::Segment& 
 #pragma unroll
   for (int pass = 0; pass < 4; ++pass) {
     const int pos = seg.kv_start + tile * kKeys + (t1 >> 3) + pass * 16;
-    if (pos >= seg.kv_end) continue;
-    const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos / kPage);
-    prefetch_l2_bulk(a.cache + (static_cast<int64_t>(block) * kPage + pos % kPage) * md::kLatent * 2, md::kLatent * 2);
+    if (pos < seg.kv_end) prefetch_l2_bulk(row_src(a, seg, pos), md::kLatent * 2);
   }
 }
 

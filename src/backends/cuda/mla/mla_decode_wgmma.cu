@@ -1,5 +1,5 @@
-// CUDA_MLA decode, compute-bound shapes (R = tokens_per_request * H > 32 rows a request,
-// f16/bf16 cache): Hopper wgmma kernel.
+// CUDA_MLA decode, more than 16 rows a request (R = tokens_per_request * H; the compute-bound
+// shapes and speculative decodes, f16/bf16 cache): Hopper wgmma kernel.
 //
 // What it computes: exactly what mla_decode.cu's kernel computes (see there), per decode token b
 // (token t of a request of q tokens and seq_len s) and query head h:
