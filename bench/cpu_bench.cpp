@@ -31,6 +31,9 @@
 //   DecodeKernels/B x C   the direct decode kernel and the tile kernel alternating on one batch
 //                (medians of the rounds: direct_GB/s, tile_GB/s, direct/tile)
 //   Reference/…  the REFERENCE backend (fp64, naive) on reduced sizes (it is ~1000x slower)
+//   DecodeShape/BxC[:fp8|:f16]   extra decode rows named in PAGEDATTN_BENCH_DECODE (e.g.
+//                "1x63,4x4095:fp8"; C = cached keys, one new token each): cache-resident shapes
+//                beside the DRAM rows, to separate a kernel's compute from its memory
 // Run: build/…/bench/cpu_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
@@ -41,6 +44,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -402,6 +406,25 @@ void register_all() {
   ref("Decode/16x1k", decode_batch(16, 1024));
   cpu("Prefill/1x256", {{0, 256}});  // the same sizes on the CPU backend, for the ratio
   cpu("Decode/16x1k_again", decode_batch(16, 1024));
+  // Extra decode shapes from PAGEDATTN_BENCH_DECODE="BxC[:fp8|:f16],..." (contexts in keys), e.g.
+  // cache-resident ones (2x64, 8x256) beside the DRAM rows to separate compute from memory.
+  if (const char* extra = std::getenv("PAGEDATTN_BENCH_DECODE")) {
+    std::string list = extra;
+    for (size_t at = 0; at < list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      const std::string item = list.substr(at, comma - at);
+      at = comma + 1;
+      int batch = 0, context = 0;
+      char kind[8] = {};
+      if (std::sscanf(item.c_str(), "%dx%d:%7s", &batch, &context, kind) < 2 || batch <= 0 ||
+          context <= 0) {
+        continue;
+      }
+      const std::string k = kind;
+      cpu("DecodeShape/" + item, decode_batch(batch, context), k == "f16" ? DType::f16 : DType::bf16,
+          k == "fp8" ? DType::fp8_e4m3 : DType::bf16);
+    }
+  }
 }
 
 }  // namespace
