@@ -19,6 +19,11 @@
 //          f16, so each (chunk, head) checks its K and V rows for it after the first row block's
 //          Q·Kᵀ (rows_of: the rows are in L1 or on their way then) and, when one is there, is
 //          computed again from the start with the NaN-exact conversion (a blend).
+// Order: per chunk, on AMD CPUs over NHD caches with at most 4 rows a KV head (one register block:
+// decode with G <= 4), key-major (avx2_chunk_major): Q·Kᵀ of every head with the key pairs outer
+// and the heads inner, which reads the chunk's K run front to back (head by head it is read in a
+// token-row stride, which the hardware prefetchers follow worse), then per head the softmax and
+// P·V below; otherwise head by head (fma_rows_of), each head's steps as below.
 // Tiling per (chunk of 16 keys, KV head), rows (query heads x query tokens) in blocks of R <= 4:
 //   S = Q·Kᵀ  key pairs (2i, 2i+1): per group, the two K rows widened once, times the R query rows
 //             (f32, loaded from L1) into 2R ymm accumulators; vhaddps folds each pair into scratch,
@@ -30,8 +35,9 @@
 //             widened once and multiplied by the broadcast P of every row.
 // Per key and row: D + Dv FMAs (8 lanes) and one widening of the key's K and V rows per row
 // block. At G = 4 that is 2 x 8 FMAs per 16 cache elements of K or V (32 bytes of bf16):
-// 8 B/cycle/core with both FMA ports busy, about twice a core's share of DRAM bandwidth on the
-// machines measured, so the kernel is bound by the reads it prefetches (the driver's plan).
+// 8 B/cycle/core with both FMA ports busy, 4 B/cycle for fp8. A core's share of DRAM bandwidth
+// is a few B/cycle, so the kernel keeps up with it only while the FMAs are busy most of the
+// time, the softmax, the widening, the folds and the prefetches included (docs/perf/cpu.md).
 //
 // Precision: exact conversions to f32 (as the AVX2 tile kernel), f32 FMA accumulation, P in f32,
 // one rounding at the output.
@@ -171,6 +177,59 @@ __attribute__((always_inline)) inline void avx2_prefetch_pair(const DirectPrefet
 template <DType DT>
 constexpr int64_t kElemBytes = DT == DType::bf16 || DT == DType::f16 ? 2 : 1;
 
+// One key pair of Q·Kᵀ: R rows (q: R rows of D f32 in the kernel's order, row stride D) times the
+// K rows ka, kb; red_pair[r * 64] (r < R) = the pair's 8 partial sums of row r,
+// [a01, a23, b01, b23 | a45, a67, b45, b67] (sums of adjacent lanes; avx2_fold finishes them).
+// kD: D where known at compile time (the group loop then unrolled), else 0. Returns b[0]'s
+// accumulator (for the prefetch pacing of the caller).
+template <DType DT, bool kNanSafe, int R, int kD>
+__attribute__((always_inline)) inline __m256 avx2_qk_pair(const float* q, int d_runtime,
+                                                          const char* ka, const char* kb,
+                                                          float* red_pair) {
+  const int d = kD > 0 ? kD : d_runtime;
+  __m256 a[R], b[R];
+  for (int r = 0; r < R; ++r) {
+    a[r] = _mm256_setzero_ps();
+    b[r] = _mm256_setzero_ps();
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < d; g += 16) {
+    __m256 al, ah, bl, bh;
+    widen16<DT, kNanSafe>(ka + g * kElemBytes<DT>, al, ah);
+    widen16<DT, kNanSafe>(kb + g * kElemBytes<DT>, bl, bh);
+    for (int r = 0; r < R; ++r) {
+      const float* qr = q + static_cast<size_t>(r) * d + g;
+      __m256 q0 = _mm256_loadu_ps(qr), q1 = _mm256_loadu_ps(qr + 8);
+      // In registers: as memory operands of both keys' FMAs each Q vector would be loaded
+      // twice, and the loop would be bound by its loads (20 per 16 FMAs) instead of its FMAs.
+      asm("" : "+x"(q0), "+x"(q1));
+      a[r] = _mm256_fmadd_ps(q0, al, a[r]);
+      b[r] = _mm256_fmadd_ps(q0, bl, b[r]);
+      a[r] = _mm256_fmadd_ps(q1, ah, a[r]);
+      b[r] = _mm256_fmadd_ps(q1, bh, b[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(red_pair + r * 64, _mm256_hadd_ps(a[r], b[r]));
+  return b[0];
+}
+
+// The logits of R rows from their 8 pairs' partial sums (red: row r's pair tp at r * 64 + tp * 8):
+// logits[r][0] lane j = key j, logits[r][1] lane j = key 8 + j.
+template <int R>
+__attribute__((always_inline)) inline void avx2_fold(const float* red, __m256 (*logits)[2]) {
+  for (int r = 0; r < R; ++r) {
+    const float* x = red + r * 64;
+    for (int half = 0; half < 2; ++half) {
+      const float* h = x + half * 32;
+      // keys 4i .. 4i+3 of the half: lower 128 bits the sums of dims' first half, upper the second
+      const __m256 g0 = _mm256_hadd_ps(_mm256_loadu_ps(h), _mm256_loadu_ps(h + 8));
+      const __m256 g1 = _mm256_hadd_ps(_mm256_loadu_ps(h + 16), _mm256_loadu_ps(h + 24));
+      logits[r][half] = _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20),
+                                      _mm256_permute2f128_ps(g0, g1, 0x31));
+    }
+  }
+}
+
 // Logits of R rows (q: R rows of D f32 in the kernel's order, row stride D) for the 16 keys of a
 // chunk (key t at k + t * k_stride; from `live` on, the zero row): logits[r][0] lane j = key j,
 // logits[r][1] lane j = key 8 + j. red: scratch of R x 8 x 8 f32. prefetch_into: nullptr or the
@@ -189,42 +248,10 @@ __attribute__((always_inline)) inline void avx2_qk(const float* q, int d, const 
   for (int tp = 0; tp < kDirectChunk / 2; ++tp) {
     const char* ka = direct_key_row<kFull>(k, k_stride, live, 2 * tp);
     const char* kb = direct_key_row<kFull>(k, k_stride, live, 2 * tp + 1);
-    __m256 a[R], b[R];
-    for (int r = 0; r < R; ++r) {
-      a[r] = _mm256_setzero_ps();
-      b[r] = _mm256_setzero_ps();
-    }
-    for (int g = 0; g < d; g += 16) {
-      __m256 al, ah, bl, bh;
-      widen16<DT, kNanSafe>(ka + g * kElemBytes<DT>, al, ah);
-      widen16<DT, kNanSafe>(kb + g * kElemBytes<DT>, bl, bh);
-      for (int r = 0; r < R; ++r) {
-        const float* qr = q + static_cast<size_t>(r) * d + g;
-        __m256 q0 = _mm256_loadu_ps(qr), q1 = _mm256_loadu_ps(qr + 8);
-        // In registers: as memory operands of both keys' FMAs each Q vector would be loaded
-        // twice, and the loop would be bound by its loads (20 per 16 FMAs) instead of its FMAs.
-        asm("" : "+x"(q0), "+x"(q1));
-        a[r] = _mm256_fmadd_ps(q0, al, a[r]);
-        b[r] = _mm256_fmadd_ps(q0, bl, b[r]);
-        a[r] = _mm256_fmadd_ps(q1, ah, a[r]);
-        b[r] = _mm256_fmadd_ps(q1, bh, b[r]);
-      }
-    }
-    // [a01, a23, b01, b23 | a45, a67, b45, b67] (sums of adjacent lanes)
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(red + (r * 8 + tp) * 8, _mm256_hadd_ps(a[r], b[r]));
-    if (prefetch) avx2_prefetch_pair(pf, k, tp, zero_after(b[0]), l2_bytes, plan.key_lookahead);
+    const __m256 b0 = avx2_qk_pair<DT, kNanSafe, R, 0>(q, d, ka, kb, red + tp * 8);
+    if (prefetch) avx2_prefetch_pair(pf, k, tp, zero_after(b0), l2_bytes, plan.key_lookahead);
   }
-  for (int r = 0; r < R; ++r) {
-    const float* x = red + r * 64;
-    for (int half = 0; half < 2; ++half) {
-      const float* h = x + half * 32;
-      // keys 4i .. 4i+3 of the half: lower 128 bits the sums of dims' first half, upper the second
-      const __m256 g0 = _mm256_hadd_ps(_mm256_loadu_ps(h), _mm256_loadu_ps(h + 8));
-      const __m256 g1 = _mm256_hadd_ps(_mm256_loadu_ps(h + 16), _mm256_loadu_ps(h + 24));
-      logits[r][half] = _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20),
-                                      _mm256_permute2f128_ps(g0, g1, 0x31));
-    }
-  }
+  avx2_fold<R>(red, logits);
 }
 
 // Online softmax of rows [row0, row0 + rows) over one chunk (logits as avx2_qk; keys t0 ..): P (f32)
@@ -303,9 +330,14 @@ inline bool avx2_direct_softmax(const ItemContext& c, float* lsum, int row0, int
 template <DType DT, bool kNanSafe, int R, bool kFull>
 __attribute__((always_inline)) inline void avx2_pv(float* o, int dv, const float* p, const char* v,
                                                    int64_t v_stride, int live, const int32_t* lo,
-                                                   const int32_t* hi, int t0) {
+                                                   const int32_t* hi, int t0,
+                                                   const char* l2_ahead = nullptr,
+                                                   int64_t l2_bytes = 0) {
   const ChunkKeys keys = chunk_keys_seen(lo, hi, R, t0, kFull ? kDirectChunk : live);
+  // l2_ahead: l2_bytes (a multiple of 64 per group) prefetched into L2, spread over the groups
+  const int64_t l2_group = l2_ahead != nullptr ? l2_bytes / (dv / 16) : 0;
   for (int g = 0; g < dv; g += 16) {
+    for (int64_t l = 0; l < l2_group; l += 64) __builtin_prefetch(l2_ahead + (g / 16) * l2_group + l, 0, 2);
     __m256 acc[R][2];
     for (int r = 0; r < R; ++r) {
       acc[r][0] = _mm256_loadu_ps(o + static_cast<size_t>(r) * dv + g);
@@ -412,6 +444,86 @@ inline void fma_head_chunk(const ItemContext& c, float* lsum, float* red, int ro
   }
 }
 
+// One chunk of all KV heads, key-major (DirectAvx2::chunk_major). On an NHD cache a chunk is one
+// run of 16 token rows, each the rows of every head side by side, and head_chunk's order (head by
+// head, a head's 16 rows a token stride apart) walks it in a stride; here Q·Kᵀ runs the key pairs
+// outer and the heads inner, so K is read front to back, then per head the fold, the online
+// softmax and O += P·V (head_chunk's steps, V rows a token stride apart). Rows: R per head, head
+// b's at b * R. red: rows x 64 f32 (each row's 8 pairs of partial sums).
+// Prefetches (the AMD plan measured in docs/perf/cpu.md, session 29): into L2 the chunk
+// kDirectPrefetchChunks ahead, its K run front to back over Q·Kᵀ and each head's share of its V
+// run over that head's P·V, so that the fills are spread over the whole chunk's work instead of
+// Q·Kᵀ alone; into L1 the V rows of the next head (head 0's over the last key pair of Q·Kᵀ), read
+// by its P·V. K needs no L1 prefetch here: it is read in address order.
+// e4m3 (kCheckNan): a head whose K or V rows hold the NaN code has its Q·Kᵀ redone with the
+// NaN-exact widening (red is scratch) and its P·V done with it.
+template <DType DT, int R, int kD, bool kFull, bool kCheckNan>
+inline void avx2_chunk_major(ItemContext& c, float* lsum, float* red, int heads, const char* k,
+                             int64_t k_token, int64_t k_head, const char* v, int64_t v_token,
+                             int64_t v_head, int t0, int live, float key_factor,
+                             const char* k_ahead, const char* v_ahead) {
+  const AttentionArgs& a = *c.args;
+  const int d = kD > 0 ? kD : c.head_size;
+  const int dv = c.head_size_v;
+  const float* q = static_cast<const float*>(c.q);
+  const char* zero = reinterpret_cast<const char*>(kZeroRow);
+  const int64_t row_bytes = static_cast<int64_t>(d) * kElemBytes<DT>;
+  const auto qk_head = [&]<bool kNanSafe>(int b, int tp) {
+    const char* ka = kFull || 2 * tp < live ? k + 2 * tp * k_token + b * k_head : zero;
+    const char* kb = kFull || 2 * tp + 1 < live ? k + (2 * tp + 1) * k_token + b * k_head : zero;
+    return avx2_qk_pair<DT, kNanSafe, R, kD>(q + static_cast<size_t>(b) * R * d, d, ka, kb,
+                                            red + static_cast<size_t>(b) * R * 64 + tp * 8);
+  };
+  for (int tp = 0; tp < kDirectChunk / 2; ++tp) {
+    for (int b = 0; b < heads; ++b) {
+      const int64_t pace = zero_after(qk_head.template operator()<false>(b, tp));
+      // K of the chunk ahead: rows 2tp, 2tp + 1 of the run, head b's part
+      const char* l2 = k_ahead + (static_cast<int64_t>(tp) * heads + b) * 2 * row_bytes + pace;
+      for (int64_t l = 0; l < 2 * row_bytes; l += 64) __builtin_prefetch(l2 + l, 0, 2);
+      if (tp == kDirectChunk / 2 - 1) {  // head 0's V rows, spread over the heads
+        for (int t = 2 * b; t < kDirectChunk; t += 2 * heads) {
+          const char* vr = v + t * v_token + pace;
+          for (int64_t l = 0; l < row_bytes; l += 64) {
+            __builtin_prefetch(vr + l, 0, 3);
+            __builtin_prefetch(vr + v_token + l, 0, 3);
+          }
+        }
+      }
+    }
+  }
+  for (int b = 0; b < heads; ++b) {
+    bool nan_code = false;
+    if constexpr (kCheckNan) {
+      nan_code = e4m3_rows_have_nan(k + b * k_head, k_token, v + b * v_head, v_token, live, d);
+      if (nan_code) {
+        for (int tp = 0; tp < kDirectChunk / 2; ++tp) qk_head.template operator()<true>(b, tp);
+      }
+    }
+    if (b + 1 < heads) {  // the next head's V rows into L1
+      const char* vn = v + (b + 1) * v_head;
+      for (int t = 0; t < kDirectChunk; ++t) {
+        for (int64_t l = 0; l < row_bytes; l += 64) __builtin_prefetch(vn + t * v_token + l, 0, 3);
+      }
+    }
+    const int i = b * R;
+    __m256 logits[R][2];
+    avx2_fold<R>(red + static_cast<size_t>(i) * 64, logits);
+    c.logit_scale = a.scale * kv_key_scale(a, c.kv_head + b) * key_factor;
+    float* o = c.o + static_cast<size_t>(i) * dv;
+    if (avx2_direct_softmax(c, lsum, i, R, logits, t0)) direct_rescale_rows(o, dv, c.alpha + i, R);
+    const float* p = static_cast<const float*>(c.p) + static_cast<size_t>(i) * kDirectChunk;
+    // V of the chunk ahead: head b's share of the run (the heads in turn walk it front to back)
+    const char* l2_v = v_ahead + b * kDirectChunk * row_bytes;
+    if (nan_code) {
+      avx2_pv<DT, true, R, kFull>(o, dv, p, v + b * v_head, v_token, live, c.lo + i, c.hi + i, t0,
+                                  l2_v, kDirectChunk * row_bytes);
+    } else {
+      avx2_pv<DT, false, R, kFull>(o, dv, p, v + b * v_head, v_token, live, c.lo + i, c.hi + i, t0,
+                                   l2_v, kDirectChunk * row_bytes);
+    }
+  }
+}
+
 // The AVX2 kernel of the direct decode driver (cpu_decode_direct.h).
 struct DirectAvx2 {
   // Swaps the middle 128-bit quarters of each 16-float group: the bf16 widening order, and back.
@@ -467,6 +579,50 @@ struct DirectAvx2 {
   static void pv(float* o, int dv, const float* p, const char* v, int64_t v_stride, int live,
                  const int32_t* lo, const int32_t* hi, int t0) {
     avx2_pv<DT, kNanSafe, R, kFull>(o, dv, p, v, v_stride, live, lo, hi, t0);
+  }
+
+  // The key-major step of the driver (cpu_decode_direct.h), avx2_chunk_major: for items whose
+  // rows per head fit one register block, whose rows' partial sums fit red (rows x 64 f32 in c.k,
+  // 64 x D f32), on NHD caches (a chunk is one run of token rows; HND chunks are runs per head,
+  // which head_chunk already reads front to back), on CPUs with the L2-prefetch plan (AMD: where
+  // it was measured; the others keep head_chunk and the plan measured with it).
+  static constexpr bool kHasChunkMajor = true;
+  static bool takes_chunk_major(const ItemContext& c, int /*heads*/, int rows_per_head,
+                                int64_t k_token, int64_t k_head, int64_t v_token, int64_t v_head) {
+    return rows_per_head <= kDirectRowBlock && c.rows <= c.head_size && k_token > k_head &&
+           v_token > v_head && avx2_prefetch_plan().l2;
+  }
+  static void chunk_major(ItemContext& c, float* lsum, float* red, int heads, int rows_per_head,
+                          const char* k, int64_t k_token, int64_t k_head, const char* v,
+                          int64_t v_token, int64_t v_head, int t0, int live, float key_factor,
+                          const char* k_ahead, const char* v_ahead) {
+    with_static_int<kDirectRowBlock>(rows_per_head, [&](auto rr) {
+      constexpr int R = decltype(rr)::value;
+      const auto run = [&]<DType DT, bool kCheckNan>() {
+        const auto go = [&]<int kD>() {
+          if (live == kDirectChunk) {
+            avx2_chunk_major<DT, R, kD, true, kCheckNan>(c, lsum, red, heads, k, k_token, k_head, v,
+                                                         v_token, v_head, t0, live, key_factor,
+                                                         k_ahead, v_ahead);
+          } else {
+            avx2_chunk_major<DT, R, kD, false, kCheckNan>(c, lsum, red, heads, k, k_token, k_head,
+                                                          v, v_token, v_head, t0, live, key_factor,
+                                                          k_ahead, v_ahead);
+          }
+        };
+        if (c.head_size == 128) {
+          go.template operator()<128>();
+        } else {
+          go.template operator()<0>();
+        }
+      };
+      switch (c.args->kv.dtype) {
+        case DType::bf16: run.template operator()<DType::bf16, false>(); break;
+        case DType::f16: run.template operator()<DType::f16, false>(); break;
+        case DType::fp8_e5m2: run.template operator()<DType::fp8_e5m2, false>(); break;
+        default: run.template operator()<DType::fp8_e4m3, true>(); break;
+      }
+    });
   }
 
   template <bool kFull>

@@ -225,6 +225,12 @@ inline void run_direct_decode(const AttentionArgs& a, const WorkItem& it, char* 
   };
   // Per KV head: the logit scale (scale * k_scale; fp8 caches may scale per head).
   const float key_factor = Kernel::key_factor(a);
+  // Whether the kernel walks each chunk key-major over all heads (Kernel::chunk_major; the AVX2
+  // kernel on NHD caches, where that reads the chunk front to back) instead of head by head.
+  bool chunk_major = false;
+  if constexpr (requires { Kernel::kHasChunkMajor; }) {
+    chunk_major = Kernel::takes_chunk_major(c, heads, rows_per_head, k_token, k_head, v_token, v_head);
+  }
 
   if (begin < end) {
     const int first = begin & ~(kDirectChunk - 1);
@@ -251,6 +257,14 @@ inline void run_direct_decode(const AttentionArgs& a, const WorkItem& it, char* 
       const char* k_ahead = ahead < end ? chunk_k(ahead) : k;  // nothing left: refetch this one
       const char* v_ahead = ahead < end ? chunk_v(ahead) : v;
       const char* k_next = t0 + kDirectChunk < end ? chunk_k(t0 + kDirectChunk) : k;
+      if constexpr (requires { Kernel::kHasChunkMajor; }) {
+        // The kernel's key-major step over all heads of the chunk, where it takes this item.
+        if (chunk_major) {
+          Kernel::chunk_major(c, lsum, red, heads, rows_per_head, k, k_token, k_head, v, v_token,
+                              v_head, t0, live, key_factor, k_ahead, v_ahead);
+          continue;
+        }
+      }
       for (int b = 0; b < heads; ++b) {
         pf.l2_k = k_ahead + b * k_share;
         pf.l2_v = v_ahead + b * v_share;
