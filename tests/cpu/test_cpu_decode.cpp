@@ -11,7 +11,8 @@
 // tile kernel (PAGEDATTN_CPU_DECODE_KERNEL=tile) gives the same answer within tolerance; the
 // items no kernel applies to (f32 caches, blocks of 8/24, D != Dv) are checked to stay on the
 // tile kernel. Every path also runs the other cache dtypes (fp8 e4m3 with its NaN code, fp8 e5m2,
-// f16; on the dot form the f16 cache and f32 activations take the FMA kernel).
+// f16; on the dot form the f16 cache and f32 activations take the FMA kernel). The AVX2 kernel
+// also runs under both vendors' plans (set_cpu_vendor_override): CpuDirectDecodeVendors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -156,6 +157,55 @@ class CpuDirectDecode : public ::testing::TestWithParam<PathForm> {
     EXPECT_GT(outcome.fused_items, 0) << c.describe();
     EXPECT_EQ(outcome.direct_items, 0u) << c.describe() << ": not a direct decode case";
     EXPECT_TRUE(outcome.result.passed()) << outcome.result.describe();
+  }
+
+  // The e4m3 NaN code 0x7F in request 0's key 37, KV head 1, dim 5 of V and, with `in_k`, in
+  // request 1's key 20, KV head 0, dim 9 of K (8 q / 2 kv heads, D 64, one token a request): NaN in
+  // dim 5 of request 0's rows of head 1 and, with `in_k`, in every dim of request 1's rows of head
+  // 0, nowhere else, on the direct kernel (the path's form) and on the tile kernel alike.
+  void expect_e4m3_nan_codes_reach_the_output(bool in_k) const {
+    const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
+    ConformanceCase c;
+    c.dtype = DType::bf16;
+    c.kv_cache_dtype = "fp8_e4m3";
+    c.head_size = 64;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.batch = {{100, 1}, {50, 1}};
+    const conformance::CaseInputs inputs = conformance::make_inputs(c, 801);
+    for (DecodeKernel kernel : {GetParam().form, DecodeKernel::tile}) {
+      set_decode_kernel_override(kernel);
+      conformance::PreparedRun run = conformance::prepare_run(cpu_backend(), Device::cpu, inputs);
+      const TensorView cache = run.kv_cache.view();  // (2, blocks, block_size, Hkv, D)
+      const auto* table = static_cast<const int32_t*>(run.step_common.block_table.data());
+      const int64_t cols = run.step_common.block_table.view().size(1);
+      const auto put_code = [&](int req, int key, int head, int dim, bool value) {
+        const int64_t block = table[req * cols + key / 16];
+        const int64_t at = (value ? cache.stride(0) : 0) + block * cache.stride(1) +
+                           (key % 16) * cache.stride(2) + head * cache.stride(3) +
+                           dim * cache.stride(4);
+        static_cast<uint8_t*>(run.kv_cache.data())[at] = 0x7F;
+      };
+      put_code(0, 37, 1, 5, true);
+      if (in_k) put_code(1, 20, 0, 9, false);
+      const uint64_t before = direct_decode_items_run();
+      conformance::execute(run);
+      EXPECT_EQ(direct_decode_items_run() - before, kernel == DecodeKernel::tile ? 0u : 2u);
+      for (int token = 0; token < 2; ++token) {
+        for (int h = 0; h < 8; ++h) {
+          for (int d = 0; d < 64; ++d) {
+            const float x =
+                load_f32(run.output.data(), run.output.dtype(), (token * 8 + h) * 64 + d);
+            const bool expect_nan =
+                (token == 0 && h / 4 == 1 && d == 5) || (in_k && token == 1 && h / 4 == 0);
+            EXPECT_EQ(std::isnan(x), expect_nan)
+                << "token " << token << " head " << h << " dim " << d
+                << (kernel == DecodeKernel::tile ? " (tile)" : "");
+          }
+        }
+      }
+    }
+    clear_decode_kernel_override();
   }
 };
 
@@ -356,39 +406,84 @@ TEST_P(CpuDirectDecode, ReadsEveryCacheDtype) {
 // AVX-512 dot kernel's widening takes it from its table), in the same rows and dims as the tile
 // kernel: request 0's rows of KV head 1, dim 5 only. More codes: test_cpu_fp8_nan_codes.cpp.
 TEST_P(CpuDirectDecode, E4m3NanCodeReachesTheOutput) {
-  const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
-  ConformanceCase c;
-  c.dtype = DType::bf16;
-  c.kv_cache_dtype = "fp8_e4m3";
-  c.head_size = 64;
-  c.num_heads = 8;
-  c.num_kv_heads = 2;
-  c.batch = {{100, 1}, {50, 1}};
-  const conformance::CaseInputs inputs = conformance::make_inputs(c, 801);
-  for (DecodeKernel kernel : {GetParam().form, DecodeKernel::tile}) {
-    set_decode_kernel_override(kernel);
-    conformance::PreparedRun run = conformance::prepare_run(cpu_backend(), Device::cpu, inputs);
-    const TensorView cache = run.kv_cache.view();  // (2, blocks, block_size, Hkv, D)
-    const int key = 37, head = 1, dim = 5;
-    const int64_t block = static_cast<const int32_t*>(run.step_common.block_table.data())[key / 16];
-    const int64_t at = cache.stride(0) + block * cache.stride(1) + (key % 16) * cache.stride(2) +
-                       head * cache.stride(3) + dim * cache.stride(4);
-    static_cast<uint8_t*>(run.kv_cache.data())[at] = 0x7F;
-    const uint64_t before = direct_decode_items_run();
-    conformance::execute(run);
-    EXPECT_EQ(direct_decode_items_run() - before, kernel == DecodeKernel::tile ? 0u : 2u);
-    for (int token = 0; token < 2; ++token) {
-      for (int h = 0; h < 8; ++h) {
-        for (int d = 0; d < 64; ++d) {
-          const float x = load_f32(run.output.data(), run.output.dtype(), (token * 8 + h) * 64 + d);
-          const bool expect_nan = token == 0 && h / 4 == head && d == dim;
-          EXPECT_EQ(std::isnan(x), expect_nan) << "token " << token << " head " << h << " dim " << d
-                                               << (kernel == DecodeKernel::tile ? " (tile)" : "");
-        }
-      }
-    }
+  expect_e4m3_nan_codes_reach_the_output(/*in_k=*/false);
+}
+
+// The AVX2 kernel's per-vendor plans (avx2_prefetch_plan) on every machine, through
+// set_cpu_vendor_override: as on Intel (head by head, L1 prefetches only) and as on AMD (L2
+// prefetches; key-major chunks, avx2_chunk_major, for NHD items of at most 4 rows a KV head), on
+// the same inputs: G = 4 at D 128 (32 q / 8 kv heads, 1 and 2 threads) and D 64 (8 q / 2 kv, block
+// size 32), every cache dtype the kernel reads, contexts that end inside a chunk; speculative
+// decodes at G = 2 (2 tokens: 4 rows a head, key-major on AMD; 4 tokens: 8 rows, head by head);
+// the e4m3 NaN code in a V and a K row.
+class CpuDirectDecodeVendors : public CpuDirectDecode {
+ protected:
+  void TearDown() override {
+    clear_cpu_vendor_override();
+    CpuDirectDecode::TearDown();
   }
-  clear_decode_kernel_override();
+
+  // The case under each vendor: every head-fused item on the direct kernel, matching REFERENCE.
+  void expect_direct_matches_as_each_vendor(const ConformanceCase& c, uint64_t seed) const {
+    const CaseInputsHolder holder = prepare(c, seed);
+    for (CpuVendor vendor : {CpuVendor::intel, CpuVendor::amd}) {
+      set_cpu_vendor_override(vendor);
+      const Outcome direct = run(holder, GetParam().form);
+      const char* name = vendor == CpuVendor::amd ? "amd" : "intel";
+      EXPECT_GT(direct.fused_items, 0)
+          << name << " " << c.describe() << ": the plan fused no decode";
+      EXPECT_EQ(direct.direct_items, static_cast<uint64_t>(direct.fused_items))
+          << name << " " << c.describe() << ": every head-fused item should run the direct kernel";
+      EXPECT_TRUE(direct.result.passed()) << name << ": " << direct.result.describe();
+    }
+    clear_cpu_vendor_override();
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Paths, CpuDirectDecodeVendors,
+                         ::testing::Values(PathForm{Path::avx2, DecodeKernel::automatic}),
+                         path_name);
+
+TEST_P(CpuDirectDecodeVendors, IntelAndAmdPlansMatchTheReference) {
+  ConformanceCase c;
+  c.return_lse = true;
+  c.distribution = conformance::Distribution::normal;
+  const std::vector<conformance::RequestShape> contexts = {{257, 1}, {15, 1}, {100, 1}, {16, 1},
+                                                           {1, 1},   {37, 1}, {513, 1}, {0, 1}};
+  uint64_t seed = 1001;
+  for (const char* kv : {"bf16", "f16", "fp8_e4m3", "fp8_e5m2"}) {
+    const std::string dtype = kv;
+    c.dtype = dtype == "f16" ? DType::f16 : DType::bf16;
+    c.kv_cache_dtype = dtype == "bf16" || dtype == "f16" ? "auto" : kv;
+    c.per_head_kv_scales = dtype == "fp8_e4m3";
+    c.batch = contexts;
+    for (const char* threads : {"1", "2"}) {
+      const EnvGuard guard("PAGEDATTN_NUM_THREADS", threads);
+      c.head_size = 128;
+      c.num_heads = 32;
+      c.num_kv_heads = 8;
+      c.block_size = 16;
+      expect_direct_matches_as_each_vendor(c, seed++);
+    }
+    const EnvGuard guard("PAGEDATTN_NUM_THREADS", "1");
+    c.head_size = 64;
+    c.num_heads = 8;
+    c.num_kv_heads = 2;
+    c.block_size = 32;
+    expect_direct_matches_as_each_vendor(c, seed++);
+    c.head_size = 128;
+    c.num_kv_heads = 4;
+    c.block_size = 16;
+    c.num_speculative_tokens = 3;
+    c.batch = {{300, 2}, {37, 2}, {129, 4}, {15, 1}, {64, 2}, {0, 4}};
+    expect_direct_matches_as_each_vendor(c, seed++);
+    c.num_speculative_tokens = 0;
+  }
+  for (CpuVendor vendor : {CpuVendor::intel, CpuVendor::amd}) {
+    SCOPED_TRACE(vendor == CpuVendor::amd ? "amd" : "intel");
+    set_cpu_vendor_override(vendor);
+    expect_e4m3_nan_codes_reach_the_output(/*in_k=*/true);
+  }
 }
 
 TEST(CpuDecodeKernel, ParsesChoicesAndRejectsUnknownNames) {

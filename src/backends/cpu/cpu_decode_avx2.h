@@ -148,10 +148,9 @@ struct Avx2PrefetchPlan {
 // faster without them) and a 4-key lookahead was enough; on the AMD machine, without them Q·Kᵀ
 // waited on its K rows from DRAM, and an 8-key lookahead was faster than 4.
 inline Avx2PrefetchPlan avx2_prefetch_plan() {
-  // (read per Q·Kᵀ call: the static keeps cpu_vendor's call out of that loop)
-  static const Avx2PrefetchPlan plan =
-      cpu_vendor() == CpuVendor::amd ? Avx2PrefetchPlan{true, 8} : Avx2PrefetchPlan{};
-  return plan;
+  // (read per Q·Kᵀ call, outside its loop; cpu_vendor is an atomic load, so that tests can
+  // switch the vendor: set_cpu_vendor_override)
+  return cpu_vendor() == CpuVendor::amd ? Avx2PrefetchPlan{true, 8} : Avx2PrefetchPlan{};
 }
 
 // k: this head's K rows of the chunk; l2_bytes: 2 rows where the plan prefetches into L2, else 0.

@@ -36,6 +36,7 @@ constexpr const char* kIsaEnv = "PAGEDATTN_CPU_ISA";
 constexpr const char* kDecodeKernelEnv = "PAGEDATTN_CPU_DECODE_KERNEL";
 
 std::atomic<int> g_decode_kernel_override{-1};
+std::atomic<int> g_cpu_vendor_override{-1};
 std::atomic<uint64_t> g_direct_decode_items{0};
 
 std::atomic<int> g_isa_override{-1};
@@ -230,6 +231,8 @@ uint64_t direct_decode_items_run() { return g_direct_decode_items.load(std::memo
 void count_direct_decode_item() { g_direct_decode_items.fetch_add(1, std::memory_order_relaxed); }
 
 CpuVendor cpu_vendor() {
+  const int forced = g_cpu_vendor_override.load(std::memory_order_acquire);
+  if (forced >= 0) return static_cast<CpuVendor>(forced);
 #if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
   static const CpuVendor vendor = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -247,5 +250,11 @@ CpuVendor cpu_vendor() {
   return CpuVendor::other;
 #endif
 }
+
+void set_cpu_vendor_override(CpuVendor vendor) {
+  g_cpu_vendor_override.store(static_cast<int>(vendor), std::memory_order_release);
+}
+
+void clear_cpu_vendor_override() { g_cpu_vendor_override.store(-1, std::memory_order_release); }
 
 }  // namespace pagedattn::cpu

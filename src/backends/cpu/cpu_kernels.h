@@ -206,9 +206,12 @@ void clear_decode_kernel_override();
 uint64_t direct_decode_items_run();
 // The CPU's vendor (CPUID leaf 0, read once; other: unknown or not x86). The direct decode kernels
 // take per-vendor plans from it: the AVX2 kernel's prefetches (avx2_prefetch_plan) and the AVX-512
-// kernel form (direct_decode_prefers_fma).
+// kernel form (direct_decode_prefers_fma). set_cpu_vendor_override (tests: the per-vendor plans of
+// the direct decode kernels as on a CPU of that vendor) replaces it until cleared.
 enum class CpuVendor : int { intel, amd, other };
 CpuVendor cpu_vendor();
+void set_cpu_vendor_override(CpuVendor vendor);
+void clear_cpu_vendor_override();
 // Whether this CPU runs the direct decode kernel's dot products faster as f32 FMA than with
 // vdpbf16ps: Intel cores, where vdpbf16ps measured half the f32 FMA's FLOP rate (AMD Zen 5 runs it
 // at 1.85x: docs/perf/cpu.md).
