@@ -16,8 +16,7 @@
 // the FMAs alone take 512 cycles for each of Q·Kᵀ and P·V (1024 8-lane FMAs, 2 a cycle).
 // Why: inside the kernel these loops take much more than their FMAs (docs/perf/cpu.md, session 29);
 // this separates the loops' own costs from the kernel's memory and bookkeeping.
-// Build (not in CMake; x86-64 with AVX2 + FMA + F16C):
-//   g++ -O3 -std=c++20 -mavx2 -mfma -mf16c -o cpu_avx2_probe bench/cpu_avx2_probe.cpp
+// Build: the `cpu_avx2_probe` target (PAGEDATTN_BUILD_BENCH=ON, x86-64; runs on AVX2 + FMA + F16C).
 // Run: cpu_avx2_probe [heads (row stride in heads x D elements, default 8)] [chunks cycled (1)]
 #include <immintrin.h>
 #include <x86intrin.h>
