@@ -414,13 +414,16 @@ void register_all() {
       const size_t comma = std::min(list.find(',', at), list.size());
       const std::string item = list.substr(at, comma - at);
       at = comma + 1;
-      int batch = 0, context = 0;
-      char kind[8] = {};
-      if (std::sscanf(item.c_str(), "%dx%d:%7s", &batch, &context, kind) < 2 || batch <= 0 ||
-          context <= 0) {
-        continue;
+      const size_t colon = std::min(item.find(':'), item.size());
+      const std::string shape = item.substr(0, colon);
+      const std::string k = colon < item.size() ? item.substr(colon + 1) : "";
+      int batch = 0, context = 0, used = 0;
+      const bool parsed = std::sscanf(shape.c_str(), "%dx%d%n", &batch, &context, &used) == 2 &&
+                          used == static_cast<int>(shape.size());
+      if (!parsed || batch <= 0 || context <= 0 || !(k.empty() || k == "fp8" || k == "f16")) {
+        std::fprintf(stderr, "PAGEDATTN_BENCH_DECODE: '%s' is not BxC[:fp8|:f16] (B, C > 0)\n", item.c_str());
+        std::exit(2);
       }
-      const std::string k = kind;
       cpu("DecodeShape/" + item, decode_batch(batch, context), k == "f16" ? DType::f16 : DType::bf16,
           k == "fp8" ? DType::fp8_e4m3 : DType::bf16);
     }

@@ -586,7 +586,7 @@ struct DirectAvx2 {
   // which head_chunk already reads front to back), on CPUs with the L2-prefetch plan (AMD: where
   // it was measured; the others keep head_chunk and the plan measured with it).
   static constexpr bool kHasChunkMajor = true;
-  static bool takes_chunk_major(const ItemContext& c, int /*heads*/, int rows_per_head,
+  static bool takes_chunk_major(const ItemContext& c, int rows_per_head,
                                 int64_t k_token, int64_t k_head, int64_t v_token, int64_t v_head) {
     return rows_per_head <= kDirectRowBlock && c.rows <= c.head_size && k_token > k_head &&
            v_token > v_head && avx2_prefetch_plan().l2;

@@ -229,7 +229,7 @@ inline void run_direct_decode(const AttentionArgs& a, const WorkItem& it, char* 
   // kernel on NHD caches, where that reads the chunk front to back) instead of head by head.
   bool chunk_major = false;
   if constexpr (requires { Kernel::kHasChunkMajor; }) {
-    chunk_major = Kernel::takes_chunk_major(c, heads, rows_per_head, k_token, k_head, v_token, v_head);
+    chunk_major = Kernel::takes_chunk_major(c, rows_per_head, k_token, k_head, v_token, v_head);
   }
 
   if (begin < end) {

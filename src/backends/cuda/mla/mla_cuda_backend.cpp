@@ -197,8 +197,7 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
       return static_cast<int64_t>(load_f64(qsl.data(), qsl.dtype(), r * qsl.stride(0)));
     };
     const int threshold = static_cast<int>(kernels_.size()) - 1;  // the largest decode query_len
-    int decodes = 0;
-    int64_t uniform = 0;  // the first decode's query_len
+    int64_t uniform = 0;  // the first decode's query_len (0: no decode yet)
     for (int r = 0; r < common.num_reqs; ++r) {
       const int64_t q = start(r + 1) - start(r);
       if (q == 0) continue;
@@ -211,9 +210,8 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
         return detail::concat("request ", r, " has query_len ", q, " but an earlier decode has ", uniform,
                               ": a graph runs uniform batches (every decode of one query_len; 0 for padding)");
       }
-      ++decodes;
     }
-    if (decodes == 0) return "the batch has no decode request (every query_len is 0)";
+    if (uniform == 0) return "the batch has no decode request (every query_len is 0)";
     return {};
   }
   bool capturing_ = false;  // build_for_cudagraph_capture is building
