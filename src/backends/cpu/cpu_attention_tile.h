@@ -141,6 +141,29 @@ inline ScratchLayout scratch_layout(int head_size, int head_size_v, int max_rows
   return layout;
 }
 
+// ---- the keys each row of a tile sees -------------------------------------------------------------
+// Rows i see keys [lo[i], hi[i]) (absolute positions); the tile holds keys t0 .. t0 + 64. The
+// matrix kernels (Ops::qk / Ops::pv) may skip the tile columns that no row of a register block
+// sees: their S is never read (the softmax masks it to -inf) and their P is 0, so skipping them is
+// exact. On the causal diagonal of a prefill that is up to half of a tile.
+struct TileKeys {
+  const int32_t* lo;
+  const int32_t* hi;
+  int t0;
+  // Columns [begin, end) (within [0, 64)) that some row of [i, i + n) sees; begin >= end: none.
+  void columns(int i, int n, int& begin, int& end) const {
+    int a = lo[i], b = hi[i];
+    for (int r = i + 1; r < i + n; ++r) {
+      a = a < lo[r] ? a : lo[r];
+      b = b > hi[r] ? b : hi[r];
+    }
+    a -= t0;
+    b -= t0;
+    begin = a < 0 ? 0 : a;
+    end = b > kKeyTile ? kKeyTile : b;
+  }
+};
+
 // ---- shared context of one work item ---------------------------------------------------------
 struct ItemContext {
   const AttentionArgs* args;
@@ -379,14 +402,20 @@ inline void softmax_tile(const ItemContext& c, int ra, int rb, int t0, int n, in
         return Vec::select(Vec::lt(x, lowest), Vec::zero(), e);
       }
     };
+    // Vectors wholly outside the row's keys [lo, hi) are P = 0 without the exponential (the
+    // causal diagonal, window edges; their S may be stale: Ops::qk skips what no row sees).
+    const int live_lo = lo - t0, live_hi = hi - t0;
+    auto p_at = [&](int j) {
+      return j + W <= live_lo || j >= live_hi ? Vec::zero() : p_of(srow + j);
+    };
     V vsum = Vec::zero();
     if constexpr (requires { Ops::store_p_pair; }) {
       // Two vectors of P at a time (Ops rounds, stores and sums them in one go).
       for (int j = 0; j < kKeyTile; j += 2 * W) {
-        vsum = Ops::store_p_pair(c.p, i, j, p_of(srow + j), p_of(srow + j + W), vsum);
+        vsum = Ops::store_p_pair(c.p, i, j, p_at(j), p_at(j + W), vsum);
       }
     } else {
-      for (int j = 0; j < kKeyTile; j += W) vsum = Vec::add(vsum, Ops::store_p(c.p, i, j, p_of(srow + j)));
+      for (int j = 0; j < kKeyTile; j += W) vsum = Vec::add(vsum, Ops::store_p(c.p, i, j, p_at(j)));
     }
     c.l[i] = c.l[i] * alpha + Vec::hsum(vsum);
     c.m[i] = m_new;
@@ -487,14 +516,15 @@ inline void attend_range(ItemContext& c, int req, int kb, int ke, int ra, int rb
       }
       const int b0 = r0 + b * rows_per_head, b1 = r1 + b * rows_per_head;
       pack_kv_tile<Ops>(c, false, req, t0, n, next_n, any_lo, any_hi);
-      Ops::qk(c.s, c.q, c.k, b0, b1, c.head_size);
+      const TileKeys keys{c.lo, c.hi, t0};
+      Ops::qk(c.s, c.q, c.k, b0, b1, c.head_size, keys);
       softmax_tile<Ops>(c, b0, b1, t0, n, begin, end);
       pack_kv_tile<Ops>(c, true, req, t0, n, next_n, any_lo, any_hi);
       const bool ragged_non_finite =
           values_non_finite(*c.args, req, c.kv_head, 1, any_lo, all_lo) ||
           values_non_finite(*c.args, req, c.kv_head, 1, all_hi, any_hi);
       if (!ragged_non_finite) {
-        Ops::pv(c.o, c.p, c.v, c.alpha, b0, b1, c.head_size_v);
+        Ops::pv(c.o, c.p, c.v, c.alpha, b0, b1, c.head_size_v, keys);
         continue;
       }
       // Rare: a key that only some rows see has a NaN / inf value. P·V one token at a time (rows
@@ -503,7 +533,7 @@ inline void attend_range(ItemContext& c, int req, int kb, int ke, int ra, int rb
         int g1 = g0 + 1;
         while (g1 < b1 && c.lo[g1] == c.lo[g0] && c.hi[g1] == c.hi[g0]) ++g1;
         pack_kv_tile<Ops>(c, true, req, t0, n, 0, imax(c.lo[g0], any_lo), imin(c.hi[g0], any_hi));
-        Ops::pv(c.o, c.p, c.v, c.alpha, g0, g1, c.head_size_v);
+        Ops::pv(c.o, c.p, c.v, c.alpha, g0, g1, c.head_size_v, keys);
         g0 = g1;
       }
     }

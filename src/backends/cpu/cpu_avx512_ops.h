@@ -171,7 +171,9 @@ struct Bf16Ops {
       for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + static_cast<size_t>(i) * kKeyTile + 16 * c, acc[i][c]);
   }
 
-  static void qk(float* s, const void* q_tile, const void* k, int r0, int r1, int head_size) {
+  // Computes every column (TileKeys unused: the vdpbf16ps blocks span the whole tile).
+  static void qk(float* s, const void* q_tile, const void* k, int r0, int r1, int head_size,
+                 const TileKeys& /*keys*/) {
     const uint16_t* q = static_cast<const uint16_t*>(q_tile);
     const uint32_t* kp = static_cast<const uint32_t*>(k);
     for_blocks<6>(r0, r1, [&](int i, auto mr) {
@@ -217,7 +219,7 @@ struct Bf16Ops {
   }
 
   static void pv(float* o, const void* p_tile, const void* v_tile, const float* alpha, int r0,
-                 int r1, int head_size_v) {
+                 int r1, int head_size_v, const TileKeys& /*keys*/) {
     const uint16_t* p = static_cast<const uint16_t*>(p_tile);
     const uint16_t* vp = static_cast<const uint16_t*>(v_tile);
     for_blocks<4>(0, head_size_v / 16, [&](int c, auto nv) {

@@ -94,11 +94,16 @@ struct F32Ops {
       for (int c = 0; c < NC; ++c) Vec::store(s + static_cast<size_t>(i) * kKeyTile + (c0 + c) * W, acc[i][c]);
   }
 
-  static void qk(float* s, const void* q_tile, const void* k, int r0, int r1, int head_size) {
+  // Skips the column blocks (kNC vectors) that no row of a register block sees (TileKeys).
+  static void qk(float* s, const void* q_tile, const void* k, int r0, int r1, int head_size,
+                 const TileKeys& keys) {
     const float* q = static_cast<const float*>(q_tile);
     const float* kt = static_cast<const float*>(k);
     for (int c0 = 0; c0 < kKeyTile / W; c0 += kNC) {
       for_blocks<kMR>(r0, r1, [&](int i, auto mr) {
+        int begin, end;
+        keys.columns(i, decltype(mr)::value, begin, end);
+        if (end <= c0 * W || begin >= (c0 + kNC) * W) return;
         qk_block<decltype(mr)::value, kNC>(s + static_cast<size_t>(i) * kKeyTile,
                                            q + static_cast<size_t>(i) * head_size, head_size, kt, c0);
       });
@@ -108,14 +113,14 @@ struct F32Ops {
   // O[i][d0 .. d0 + NC*W) = alpha_i * O + P[i] . V for MR rows.
   template <int MR, int NC>
   static void pv_block(float* o, int head_size_v, const float* p, const float* v, const float* alpha,
-                       int d0) {
+                       int d0, int j_begin, int j_end) {
     V acc[MR][NC];
     for (int i = 0; i < MR; ++i) {
       const V va = Vec::set1(alpha[i]);
       for (int c = 0; c < NC; ++c)
         acc[i][c] = Vec::mul(va, Vec::load(o + static_cast<size_t>(i) * head_size_v + d0 + c * W));
     }
-    for (int j = 0; j < kKeyTile; ++j) {
+    for (int j = j_begin; j < j_end; ++j) {
       V vv[NC];
       for (int c = 0; c < NC; ++c) vv[c] = Vec::load(v + static_cast<size_t>(j) * head_size_v + d0 + c * W);
       for (int i = 0; i < MR; ++i) {
@@ -129,19 +134,24 @@ struct F32Ops {
 
   template <int NC>
   static void pv_columns(float* o, const float* p, const float* v, const float* alpha, int r0,
-                         int r1, int head_size_v, int d0) {
+                         int r1, int head_size_v, int d0, const TileKeys& keys) {
     for_blocks<kMR>(r0, r1, [&](int i, auto mr) {
+      int begin, end;
+      keys.columns(i, decltype(mr)::value, begin, end);
+      if (end < begin) end = begin;  // no key: O = alpha * O only
       pv_block<decltype(mr)::value, NC>(o + static_cast<size_t>(i) * head_size_v, head_size_v,
-                                        p + static_cast<size_t>(i) * kKeyTile, v, alpha + i, d0);
+                                        p + static_cast<size_t>(i) * kKeyTile, v, alpha + i, d0,
+                                        begin, end);
     });
   }
 
+  // Runs only the keys some row of a register block sees (TileKeys): the others have P = 0.
   static void pv(float* o, const void* p_tile, const void* v_tile, const float* alpha, int r0,
-                 int r1, int head_size_v) {
+                 int r1, int head_size_v, const TileKeys& keys) {
     const float* p = static_cast<const float*>(p_tile);
     const float* v = static_cast<const float*>(v_tile);
     for_blocks<kNC>(0, head_size_v / W, [&](int c, auto nc) {
-      pv_columns<decltype(nc)::value>(o, p, v, alpha, r0, r1, head_size_v, c * W);
+      pv_columns<decltype(nc)::value>(o, p, v, alpha, r0, r1, head_size_v, c * W, keys);
     });
   }
 };

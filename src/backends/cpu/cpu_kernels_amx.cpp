@@ -199,7 +199,8 @@ struct AmxOps : Bf16Ops {
     Tiles::template store<3>(s + 48, s_stride);
   }
 
-  static void qk(float* s, const void* q_tile, const void* k, int r0, int r1, int head_size) {
+  static void qk(float* s, const void* q_tile, const void* k, int r0, int r1, int head_size,
+                 const TileKeys& keys) {
     int i = r0;
     if (head_size % 32 == 0) {
       const uint16_t* q = static_cast<const uint16_t*>(q_tile);
@@ -209,7 +210,7 @@ struct AmxOps : Bf16Ops {
                       head_size, kp);
       }
     }
-    if (i < r1) Bf16Ops::qk(s, q_tile, k, i, r1, head_size);
+    if (i < r1) Bf16Ops::qk(s, q_tile, k, i, r1, head_size, keys);
   }
 
   // One C tile column c (dims 16c ...) of a P·V block: B from the V pack, key pairs 16*ks ...
@@ -243,7 +244,7 @@ struct AmxOps : Bf16Ops {
   }
 
   static void pv(float* o, const void* p_tile, const void* v_tile, const float* alpha, int r0,
-                 int r1, int head_size_v) {
+                 int r1, int head_size_v, const TileKeys& keys) {
     const uint16_t* p = static_cast<const uint16_t*>(p_tile);
     const uint16_t* vp = static_cast<const uint16_t*>(v_tile);
     int i = r0;
@@ -266,7 +267,7 @@ struct AmxOps : Bf16Ops {
         });
       }
     }
-    if (i < r1) Bf16Ops::pv(o, p_tile, v_tile, alpha, i, r1, head_size_v);
+    if (i < r1) Bf16Ops::pv(o, p_tile, v_tile, alpha, i, r1, head_size_v, keys);
   }
 };
 
