@@ -266,10 +266,14 @@ inline void finalize_row(const AttentionArgs& a, const float* o, float m, float 
   float factor = 0.f;
   float lse = kNegInf;
   if (max_all != kNegInf) {
-    const float keys_weight = m == kNegInf ? 0.f : std::exp(m - max_all);
+    // Without a sink above a finite m (the common case) the keys' weight is e^0 = 1: no call
+    // (m = +inf keeps e^{inf - inf} = NaN).
+    const float keys_weight = m == kNegInf                         ? 0.f
+                              : m == max_all && m != -kNegInf ? 1.f
+                                                              : std::exp(m - max_all);
     const float total = l * keys_weight + (has_sink ? std::exp(sink - max_all) : 0.f);
     factor = keys_weight / total;
-    lse = max_all + std::log(total);
+    if (a.lse != nullptr) lse = max_all + std::log(total);
   }
   store_output_row(a, o, factor * value_scale, token, head);
   if (a.lse != nullptr) {
