@@ -43,14 +43,15 @@ inline const char* kv_row_of(const AttentionArgs& a, int kv_head, bool value, in
 
 // Whether one of the n elements of `row` is NaN or infinite: all exponent bits set (fp8 e4m3 has
 // no infinities; its NaN S.1111.111 is the only code with those bits all set).
+// The loops count hits (an add reduction, which the compiler vectorizes; a bool |= is left scalar).
 inline bool row_has_non_finite(const char* row, DType dtype, int n) {
-  bool bad = false;
+  unsigned bad = 0;
   switch (dtype) {
     case DType::f32: {
       for (int d = 0; d < n; ++d) {
         uint32_t x;
         std::memcpy(&x, row + 4 * d, 4);
-        bad |= (x & 0x7F800000u) == 0x7F800000u;
+        bad += (x & 0x7F800000u) == 0x7F800000u;
       }
       break;
     }
@@ -60,7 +61,7 @@ inline bool row_has_non_finite(const char* row, DType dtype, int n) {
       for (int d = 0; d < n; ++d) {
         uint16_t x;
         std::memcpy(&x, row + 2 * d, 2);
-        bad |= (x & mask) == mask;
+        bad += (x & mask) == mask;
       }
       break;
     }
@@ -68,12 +69,12 @@ inline bool row_has_non_finite(const char* row, DType dtype, int n) {
       const uint8_t mask = dtype == DType::fp8_e5m2 ? 0x7C : 0x7F;
       for (int d = 0; d < n; ++d) {
         const uint8_t x = static_cast<uint8_t>(row[d]);
-        bad |= (x & mask) == mask;
+        bad += (x & mask) == mask;
       }
       break;
     }
   }
-  return bad;
+  return bad != 0;
 }
 
 // Whether the V row of a key in [k0, k1) of request `req` holds a NaN or an infinity, for KV heads
