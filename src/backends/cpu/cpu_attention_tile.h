@@ -154,13 +154,11 @@ struct TileKeys {
   void columns(int i, int n, int& begin, int& end) const {
     int a = lo[i], b = hi[i];
     for (int r = i + 1; r < i + n; ++r) {
-      a = a < lo[r] ? a : lo[r];
-      b = b > hi[r] ? b : hi[r];
+      a = imin(a, lo[r]);
+      b = imax(b, hi[r]);
     }
-    a -= t0;
-    b -= t0;
-    begin = a < 0 ? 0 : a;
-    end = b > kKeyTile ? kKeyTile : b;
+    begin = imax(0, a - t0);
+    end = imin(kKeyTile, b - t0);
   }
 };
 
@@ -266,11 +264,10 @@ inline void finalize_row(const AttentionArgs& a, const float* o, float m, float 
   float factor = 0.f;
   float lse = kNegInf;
   if (max_all != kNegInf) {
-    // Without a sink above a finite m (the common case) the keys' weight is e^0 = 1: no call
-    // (m = +inf keeps e^{inf - inf} = NaN).
-    const float keys_weight = m == kNegInf                         ? 0.f
-                              : m == max_all && m != -kNegInf ? 1.f
-                                                              : std::exp(m - max_all);
+    // Without a sink above m (the common case) the exponent is 0 and the weight 1: no call
+    // (m = +inf gives inf - inf = NaN, which still takes the call: a NaN weight, as before).
+    const float shift = m - max_all;
+    const float keys_weight = m == kNegInf ? 0.f : shift == 0.f ? 1.f : std::exp(shift);
     const float total = l * keys_weight + (has_sink ? std::exp(sink - max_all) : 0.f);
     factor = keys_weight / total;
     if (a.lse != nullptr) lse = max_all + std::log(total);
