@@ -490,8 +490,9 @@ class FlashInfer:
             w.plan(qo, indptr, indices, kv_lens, heads, MLA_LATENT, MLA_ROPE, MLA_PAGE, causal, MLA_SCALE, BF16, kvdt)
         qs = [rand((tokens, heads, MLA_LATENT + MLA_ROPE), BF16) for _ in range(rot)]
         outs = [torch.empty((tokens, heads, MLA_LATENT), dtype=BF16, device=DEV) for _ in range(rot)]
+        scales = {"ckv_scale": 1.0, "kpe_scale": 1.0} if kvdt == FP8 else {}  # FlashInfer >= 0.6.18 asks for both
         calls = [functools.partial(w.run, q[..., :MLA_LATENT], q[..., MLA_LATENT:], cache[..., :MLA_LATENT],
-                                   cache[..., MLA_LATENT:], out=o) for w, q, o in zip(wr, qs, outs)]
+                                   cache[..., MLA_LATENT:], out=o, **scales) for w, q, o in zip(wr, qs, outs)]
         return calls, (cache, plans[0], qs[0], qo)
 
     def run_mla(self, reqs, heads, kvdt, kv_bytes, flops, ours_ms):

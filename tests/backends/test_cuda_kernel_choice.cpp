@@ -101,8 +101,9 @@ TEST(CudaAttentionKernelSelection, ChoosesOncePerLayer) {
 }
 
 // The CUDA_MLA decode kernel of a plan, from the rows of a request (tokens_per_request x heads):
-// the mma.sync kernel with 16 rows a CTA for <= 16 rows; above, wgmma with a 16-bit cache on sm_90a
-// (unless mla=mma), else the mma.sync kernel with 16 (<= 32) or 64 rows a CTA.
+// the mma.sync kernel with 16 rows a CTA for <= 16 rows; above, wgmma on sm_90a (unless mla=mma)
+// with a 16-bit cache, or an fp8 one above 32 rows; else the mma.sync kernel with 16 (<= 32) or 64
+// rows a CTA.
 TEST(CudaMlaDecodeKernelSelection, ChoosesOncePerBuilder) {
   namespace md = cuda::mla_decode;
   constexpr auto kAuto = MlaDecodeKernelChoice::automatic;
@@ -114,9 +115,12 @@ TEST(CudaMlaDecodeKernelSelection, ChoosesOncePerBuilder) {
   EXPECT_EQ(md::select_decode_kernel(MlaDecodeKernelChoice::mma, 32, DType::bf16, true),
             md::DecodeKernel::mma_16_rows);
   EXPECT_EQ(md::select_decode_kernel(kAuto, 48, DType::bf16, true), md::DecodeKernel::wgmma);  // 16 heads x 3 tokens
-  EXPECT_EQ(md::select_decode_kernel(kAuto, 48, DType::fp8_e5m2, true), md::DecodeKernel::mma_64_rows);
+  EXPECT_EQ(md::select_decode_kernel(kAuto, 48, DType::fp8_e5m2, true), md::DecodeKernel::wgmma);
+  EXPECT_EQ(md::select_decode_kernel(kAuto, 48, DType::fp8_e5m2, false), md::DecodeKernel::mma_64_rows);
   EXPECT_EQ(md::select_decode_kernel(kAuto, 16, DType::fp8_e4m3, true), md::DecodeKernel::mma_16_rows);
-  EXPECT_EQ(md::select_decode_kernel(kAuto, 128, DType::fp8_e4m3, true), md::DecodeKernel::mma_64_rows);
+  EXPECT_EQ(md::select_decode_kernel(kAuto, 128, DType::fp8_e4m3, true), md::DecodeKernel::wgmma);
+  EXPECT_EQ(md::select_decode_kernel(MlaDecodeKernelChoice::mma, 128, DType::fp8_e4m3, true),
+            md::DecodeKernel::mma_64_rows);
   EXPECT_EQ(md::select_decode_kernel(kAuto, 128, DType::bf16, false), md::DecodeKernel::mma_64_rows);
   EXPECT_EQ(md::select_decode_kernel(MlaDecodeKernelChoice::mma, 128, DType::bf16, true),
             md::DecodeKernel::mma_64_rows);

@@ -1,8 +1,8 @@
 // CUDA MLA against the host and fp64 oracles:
 //   CudaMlaOps.*     the device primitives vs the same ops on the cpu (cache writes and gathers
 //                    bit-exact; cuBLAS batched GEMM within f32-accumulation rounding; copy_3d exact)
-//   CudaMlaDecode.*  the latent decode kernels (mma.sync; wgmma for >= 64 heads and 16-bit
-//                    caches on sm_90a) + split-KV combine vs an fp64 oracle of the absorbed
+//   CudaMlaDecode.*  the latent decode kernels (mma.sync; wgmma for > 16 rows a request on
+//                    sm_90a, 16-bit and fp8 caches) + split-KV combine vs an fp64 oracle of the absorbed
 //                    formula, over head counts, cache dtypes, block sizes, partitions
 //   CudaMlaPrefill.* the "CUDA" prefill backend vs the REFERENCE prefill backend (fp64, cpu)
 //   CudaMlaLayer.*   MLAAttention on CUDA_MLA vs MLAAttention on REFERENCE_MLA (the un-absorbed
@@ -364,7 +364,8 @@ TEST(CudaMlaDecode, KernelMatchesOracle) {
       {128, DType::bf16, DType::bf16, 64, 66, {1, 700, 1300}},
       {128, DType::bf16, DType::fp8_e5m2, 64, 3, {400, 129}},
       {72, DType::f16, DType::fp8_e4m3, 48, 11, {250, 3}},  // 64-row tiles, last one partial
-      // 16-bit caches with >= 64 heads: the wgmma kernel on sm_90a (mla_decode_wgmma.cu).
+      // More than 16 rows: the wgmma kernel on sm_90a (mla_decode_wgmma.cu; fp8 caches through its
+      // converted tile).
       {128, DType::bf16, DType::bf16, 16, 1, {300, 17, 64, 0}},  // one part: unsplit, 4 segments a CTA
       {128, DType::f16, DType::f16, 64, 9, {1000, 129, 1}},      // split
       {128, DType::bf16, DType::bf16, 16, 132, {2100, 65, 333}},
@@ -376,7 +377,7 @@ TEST(CudaMlaDecode, KernelMatchesOracle) {
       {16, DType::bf16, DType::fp8_e4m3, 64, 132, {777, 2100, 65}, {2, 1, 2}},  // 32 rows: 16-row kernel, 2 tiles
       {16, DType::bf16, DType::bf16, 16, 5, {777, 4, 2100, 130}, {4, 4, 1, 3}},  // 64 rows: wgmma (sm_90a)
       {16, DType::f16, DType::f16, 64, 1, {300, 70}, {3, 3}},                 // 48 rows, one part
-      {16, DType::bf16, DType::fp8_e4m3, 16, 9, {900, 65, 8}, {8, 2, 8}},     // 128 rows, fp8: 64-row mma
+      {16, DType::bf16, DType::fp8_e4m3, 16, 9, {900, 65, 8}, {8, 2, 8}},     // 128 rows, fp8: 2 wgmma tiles
       {16, DType::bf16, DType::bf16, 64, 132, {1000, 2100}, {8, 5}},          // 128 rows: 2 wgmma tiles
       {128, DType::bf16, DType::bf16, 16, 11, {500, 129, 64}, {2, 4, 3}},     // 512 rows: 8 tiles
       {128, DType::f16, DType::fp8_e5m2, 64, 3, {300, 90}, {2, 1}},
@@ -391,7 +392,7 @@ TEST(CudaMlaDecode, KernelMatchesOracle) {
   for (const DecodeCase& c : cases) run_decode_case(c, seed += 10);
 }
 
-// The compute-bound head counts with 16-bit caches run the wgmma kernel on Hopper (so the
+// More than 16 rows a request run the wgmma kernel on Hopper, 16-bit and fp8 caches alike (so the
 // oracle cases above cover it); everything else stays on the mma.sync kernel. The choice is the
 // builder's, made once and stored in each plan; mla=mma (PAGEDATTN_CUDA_KERNEL) switches it off.
 TEST(CudaMlaDecode, WgmmaKernelCoversHopperHeads) {
@@ -407,17 +408,19 @@ TEST(CudaMlaDecode, WgmmaKernelCoversHopperHeads) {
                                                                       : md::DecodeKernel::wgmma;
   EXPECT_EQ(md::resolve_decode_kernel(128, DType::bf16), expected128);
   EXPECT_EQ(md::resolve_decode_kernel(16, DType::bf16), md::DecodeKernel::mma_16_rows);
-  EXPECT_EQ(md::resolve_decode_kernel(128, DType::fp8_e4m3), md::DecodeKernel::mma_64_rows);
+  EXPECT_EQ(md::resolve_decode_kernel(128, DType::fp8_e4m3), expected128);
+  EXPECT_EQ(md::resolve_decode_kernel(16, DType::fp8_e4m3), md::DecodeKernel::mma_16_rows);
   cuda::set_kernel_override(cuda::parse_kernel_override("mla=mma"));
   EXPECT_EQ(md::resolve_decode_kernel(128, DType::bf16), md::DecodeKernel::mma_64_rows);
+  EXPECT_EQ(md::resolve_decode_kernel(128, DType::fp8_e5m2), md::DecodeKernel::mma_64_rows);
   cuda::set_kernel_override(cuda::parse_kernel_override("mla=auto"));
   EXPECT_EQ(md::resolve_decode_kernel(64, DType::f16), md::DecodeKernel::wgmma);
   cuda::set_kernel_override(std::nullopt);
-  // A plan's wgmma kernel on an fp8 cache is an Error, not the other kernel.
+  // A 16-bit cache of another dtype than the activations is an Error, not a conversion.
   md::DecodeParams p{};
   p.num_requests = 1;
   p.num_heads = 128;
-  EXPECT_THROW(md::launch_decode(p, DType::bf16, DType::fp8_e4m3, md::DecodeKernel::wgmma, 1, false,
+  EXPECT_THROW(md::launch_decode(p, DType::bf16, DType::f16, md::DecodeKernel::wgmma, 1, false,
                                  current_cuda_stream()),
                Error);
 }

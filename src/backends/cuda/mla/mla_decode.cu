@@ -595,11 +595,8 @@ void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel ke
   const int fmt = cache_dtype == DType::fp8_e4m3 ? 1 : cache_dtype == DType::fp8_e5m2 ? 2 : 0;
   constexpr DType act = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
   switch (kernel) {
-    case DecodeKernel::wgmma:
-      PAGEDATTN_CHECK(cache_dtype == act, "kv_cache", "CUDA_MLA decode: the plan runs the wgmma kernel, which "
-                      "reads 16-bit caches of the activation dtype ", dtype_name(act), ", but the cache holds ",
-                      dtype_name(cache_dtype), ": build the plan with the layer's KV cache spec");
-      launch_decode_wgmma(params, act, num_parts, stream);
+    case DecodeKernel::wgmma:  // (launch_decode checked the cache dtype: the activation's or fp8)
+      launch_decode_wgmma(params, act, cache_dtype, num_parts, stream);
       break;
     case DecodeKernel::mma_16_rows:
       fp8 ? launch_variant<Cfg16<true>, T, true>(params, num_parts, fmt, stream)

@@ -82,12 +82,12 @@ inline int64_t max_fixed_segments(int64_t max_requests, int64_t max_len, int spl
 // tokens_per_request, at construction) from the rows of a request, R = tokens_per_request * H, and
 // run by the launch as named:
 //   mma_16_rows  the mma.sync kernel (mla_decode.cu), 16 rows a CTA: R <= 16 (single-token
-//                decodes of <= 16 heads: memory-bound), and R <= 32 where wgmma cannot run;
-//   mma_64_rows  the mma.sync kernel, 64 rows a CTA: R > 32 with an fp8 cache, without the
-//                sm_90a image, or under the override mla=mma;
-//   wgmma        the Hopper wgmma kernel (mla_decode_wgmma.cu), 64 rows a CTA: R > 16 with a
-//                16-bit cache of the activation dtype on sm_90a (one pass over a request's keys
-//                for up to 64 rows, where 16-row CTAs would each read them).
+//                decodes of <= 16 heads: memory-bound), and R <= 32 where wgmma does not run;
+//   mma_64_rows  the mma.sync kernel, 64 rows a CTA: R > 32 without the sm_90a image, or
+//                under the override mla=mma;
+//   wgmma        the Hopper wgmma kernel (mla_decode_wgmma.cu), 64 rows a CTA, on sm_90a: R > 16
+//                with a 16-bit cache of the activation dtype, R > 32 with an fp8 one (one pass
+//                over a request's keys for up to 64 rows, where 16-row CTAs would each read them).
 enum class DecodeKernel : int32_t { mma_16_rows, mma_64_rows, wgmma };
 
 // Rows of one CTA of `kernel`, and the CTAs (row tiles) of a request of `rows` rows.

@@ -1,5 +1,5 @@
 // CUDA_MLA decode, more than 16 rows a request (R = tokens_per_request * H; the compute-bound
-// shapes and speculative decodes, f16/bf16 cache): Hopper wgmma kernel.
+// shapes and speculative decodes; a 16-bit cache of the activation dtype or fp8): Hopper wgmma kernel.
 //
 // What it computes: exactly what mla_decode.cu's kernel computes (see there), per decode token b
 // (token t of a request of q tokens and seq_len s) and query head h:
@@ -33,6 +33,12 @@
 // K-major (k step = +32 bytes inside a block); P . V reads P K-major and V N-major (column blocks
 // = the 8192-byte leading stride, 8-key groups = the 1024-byte stride).
 //
+// fp8 caches (e4m3 / e5m2; k_scale folded into the logit scale and the output): the same bytes
+// hold one 16-bit tile (the MMAs' operand) and two raw fp8 stages of 36.9 KB, so as many bytes are
+// in flight as with two 16-bit stages. Per tile: WG1 waits for the raw copies, all 256 threads
+// convert them (exact) into the 16-bit tile, WG1 refills the raw stage with tile + 2, then S,
+// softmax and both halves of P . V run as above; the one converted tile serializes the tiles
+// (S(t + 1) waits for P . V(t) and the conversion), which the halved traffic pays for.
 // Memory traffic and floor: per 64-key tile 73.7 KB of latent rows (the second head tile of
 // H = 128 is the adjacent CTA and mostly reads them from L2), 8.9 MFLOP: 242 FLOP per byte at
 // H = 128, so the floor is the tensor rate: 2 * H * seq * 1088 FLOP / the dense GEMM rate.
@@ -86,36 +92,74 @@ static_assert(kSmem <= 232448, "shared memory over the sm_90 limit");
 // Named barriers (0 is __syncthreads), 256 threads each.
 constexpr int kBarPReady = 1, kBarFull = 2, kBarPFree = 3, kBarPv0Done = 4;  // kBarPv0Done + (t & 1)
 
+// The copies of one tile by WG1: kTPR adjacent threads a row (a warp request covers whole 128-byte
+// lines), kPasses passes of 128 / kTPR rows. 16-bit rows go to the swizzled stage, fp8 rows
+// (576 bytes) unswizzled to a raw stage (convert_tile reads them).
+template <bool kFp8>
+struct Copy {
+  static constexpr int kElem = kFp8 ? 1 : 2;
+  static constexpr int kTPR = kFp8 ? 4 : 8;
+  static constexpr int kRowChunks = kLatent * kElem / 16;  // 36 or 72
+  static constexpr int kPassRows = 128 / kTPR;
+  static constexpr int kPasses = kKeys / kPassRows;         // 2 or 4
+  static_assert(kPasses <= kCopyPasses && kRowChunks % kTPR == 0);
+};
+constexpr int kRawTileBytes = kKeys * kLatent;  // one fp8 tile (36,864 bytes)
+
 // Byte offset in the cache of key `pos` of `request`, or -1 (past the segment's end, or a page
 // id outside the cache: the row reads as zeros).
+template <bool kFp8>
 __device__ __forceinline__ int64_t row_offset(const DecodeParams& p, int request, int pos, int kv_end) {
   if (pos >= kv_end) return -1;
   const int blk_idx = pos / p.block_size;
   const int block = __ldg(p.block_table + static_cast<int64_t>(request) * p.bt_stride + blk_idx);
   if (block < 0 || block >= p.num_blocks) return -1;
   return (static_cast<int64_t>(block) * p.block_stride +
-          static_cast<int64_t>(pos - blk_idx * p.block_size) * p.token_stride) * 2;
+          static_cast<int64_t>(pos - blk_idx * p.block_size) * p.token_stride) * Copy<kFp8>::kElem;
 }
 
-// WG1 thread `t1` (0..127) copies rows t1 / 8 + 16 * pass of a tile: chunk t1 % 8 of each of the
-// 9 column blocks (a warp request covers 4 whole 128-byte lines).
+// WG1 thread `t1` (0..127) copies rows t1 / kTPR + kPassRows * pass of a tile.
+template <bool kFp8>
 __device__ __forceinline__ void tile_offsets(const DecodeParams& p, const Segment& seg, int tile, int t1,
                                              int64_t (&offsets)[kCopyPasses]) {
+  using C = Copy<kFp8>;
 #pragma unroll
-  for (int pass = 0; pass < kCopyPasses; ++pass) {
-    offsets[pass] = row_offset(p, seg.request, seg.kv_start + tile * kKeys + (t1 >> 3) + pass * kCopyRows, seg.kv_end);
+  for (int pass = 0; pass < C::kPasses; ++pass) {
+    offsets[pass] = row_offset<kFp8>(p, seg.request, seg.kv_start + tile * kKeys + t1 / C::kTPR + pass * C::kPassRows,
+                                     seg.kv_end);
   }
 }
+template <bool kFp8>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, const int64_t (&offsets)[kCopyPasses], int t1,
                                           char* stage) {
-  const int sub = t1 & 7;
+  using C = Copy<kFp8>;
+  const int sub = t1 % C::kTPR;
 #pragma unroll
-  for (int pass = 0; pass < kCopyPasses; ++pass) {
-    const int row = (t1 >> 3) + pass * kCopyRows;
+  for (int pass = 0; pass < C::kPasses; ++pass) {
+    const int row = t1 / C::kTPR + pass * C::kPassRows;
     const bool valid = offsets[pass] >= 0;
     const char* src = static_cast<const char*>(p.cache) + (valid ? offsets[pass] : 0) + sub * 16;
 #pragma unroll
-    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(stage + swizzled_offset(row, sub + 8 * j), src + j * 128, valid);
+    for (int j = 0; j < C::kRowChunks / C::kTPR; ++j) {
+      const int chunk = sub + C::kTPR * j;
+      char* dst = kFp8 ? stage + row * kLatent + chunk * 16 : stage + swizzled_offset(row, chunk);
+      cp_async_16(dst, src + j * C::kTPR * 16, valid);
+    }
+  }
+}
+
+
+// fp8 raw tile -> the swizzled 16-bit tile the MMAs read (exact), by all 256 threads: one 16-byte
+// chunk (8 values) a thread per step.
+template <typename T>
+__device__ __forceinline__ void convert_tile(const char* raw, char* tile, int fp8_format) {
+  constexpr int kTileChunks = kKeys * kChunks;  // 4,608
+  static_assert(kTileChunks % kThreads == 0);
+#pragma unroll 6
+  for (int idx = threadIdx.x; idx < kTileChunks; idx += kThreads) {
+    const int row = idx / kChunks, chunk = idx - row * kChunks;
+    const uint2 in = *reinterpret_cast<const uint2*>(raw + row * kLatent + chunk * 8);
+    *reinterpret_cast<uint4*>(tile + swizzled_offset(row, chunk)) = fp8x8_to_16bit<T>(in, fp8_format);
   }
 }
 
@@ -128,16 +172,112 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the wgmma helpers: sm_90a only (see the kernel's #else)
+// WG0's S (64 x 64) = Q . K^T of the tile at kv, 36 k16 steps; waits for the result.
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const DecodeParams p, int row_tiles) {
+__device__ __forceinline__ void scores(float (&s)[32], const char* q_smem, const char* kv) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) s[i] = 0.f;
+  wgmma::reg_fence(s);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < kLatent / 16; ++kk) {
+    const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+    wgmma::Ops<T>::ss_n64(s, wgmma::smem_desc(q_smem + off, 16, 1024), wgmma::smem_desc(kv + off, 16, 1024));
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::reg_fence(s);
+}
+
+// WG0: masks keys past each row's end (the segment's, or its token's causal end), then the online
+// softmax of the tile: s becomes P (f32), m / l updated, alpha = the rescale of the old O.
+__device__ __forceinline__ void softmax_tile(float (&s)[32], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             const DecodeParams& p, const DecodeRequest& req, const Segment& seg,
+                                             int tile, int mask_from, int row0, int quad_col) {
+  const int key0 = seg.kv_start + tile * kKeys + 2 * quad_col;
+  if (seg.kv_start + (tile + 1) * kKeys > mask_from) {
+    const int end[2] = {row_key_end(p, req, seg.kv_end, row0), row_key_end(p, req, seg.kv_end, row0 + 8)};
+#pragma unroll
+    for (int e = 0; e < 32; ++e)
+      if (key0 + 8 * (e >> 2) + (e & 1) >= end[(e >> 1) & 1]) s[e] = neg_inf();
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = neg_inf();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    mx = quad_max(mx);
+    const float m_new = fmaxf(m[h], mx * p.scale_log2);
+    const float base = m_new == neg_inf() ? 0.f : m_new;
+    alpha[h] = fast_exp2(m[h] - base);
+    m[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[4 * j + 2 * h] = fast_exp2(fmaf(s[4 * j + 2 * h], p.scale_log2, -base));
+      s[4 * j + 2 * h + 1] = fast_exp2(fmaf(s[4 * j + 2 * h + 1], p.scale_log2, -base));
+      sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
+    }
+    l[h] = l[h] * alpha[h] + sum;
+  }
+}
+
+// WG0: P (activation type) and alpha to shared memory for both warpgroups' P . V.
+template <typename T>
+__device__ __forceinline__ void store_p(char* p_smem, float* alpha_smem, const float (&s)[32], const float (&alpha)[2],
+                                        int r_lo, int quad_col) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r_lo + 8 * h;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      *reinterpret_cast<uint32_t*>(p_smem + r * 128 + ((j ^ (r & 7)) << 4) + quad_col * 4) =
+          Mma<T>::pack(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+    }
+    if (quad_col == 0) alpha_smem[r] = alpha[h];
+  }
+}
+
+// O (this warpgroup's 256 columns, from column block v_block of the tile) = alpha * O + P . V;
+// issued and committed, not waited for.
+template <typename T>
+__device__ __forceinline__ void rescale_and_pv(float (&o)[kValueCols / 2], float a0, float a1, const char* p_smem,
+                                               const char* v) {
+#pragma unroll
+  for (int j = 0; j < kValueCols / 8; ++j) {
+    o[4 * j] *= a0;
+    o[4 * j + 1] *= a0;
+    o[4 * j + 2] *= a1;
+    o[4 * j + 3] *= a1;
+  }
+  wgmma::reg_fence(o);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < kKeys / 16; ++ks) {
+    wgmma::Ops<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+                              wgmma::smem_desc(v + ks * 16 * 128, kBlockBytes, 1024));
+  }
+  wgmma::commit();
+}
+
+#endif
+
+template <typename T, bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const DecodeParams p, int row_tiles,
+                                                                         int fp8_format) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
   char* q_smem = smem;                                           // Q tile
-  char* stages = q_smem + kTileBytes;                            // 2 K/V tiles
+  char* stages = q_smem + kTileBytes;                            // 2 K/V tiles (fp8: see below)
   char* p_smem = stages + 2 * kTileBytes;                        // P (64 x 64)
   float* alpha_smem = reinterpret_cast<float*>(p_smem + kPBytes);  // (64,) O rescale factors
   float* row_sum = alpha_smem + kRows;                           // (64,) epilogue: final row sums
   float* row_max = row_sum + kRows;                              // (64,) epilogue: final maxima (log2)
+  // fp8: the 16-bit tile the MMAs read, then 2 raw stages, in the same bytes as the 2 stages.
+  char* converted = stages;
+  char* raw_stages = stages + kTileBytes;
+  static_assert(2 * kRawTileBytes <= kTileBytes);
 
   const int part = blockIdx.x / row_tiles;
   const int r0 = (blockIdx.x - part * row_tiles) * kRows;          // the CTA's first row of a request
@@ -146,6 +286,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
   const int lane = threadIdx.x & 31;
   const int quad_col = lane & 3;
   const int r_lo = (t1 >> 5) * 16 + (lane >> 2);                   // accumulator rows r_lo, r_lo + 8
+  char* tile_stage0 = kFp8 ? raw_stages : stages;
+  constexpr int kStageStride = kFp8 ? kRawTileBytes : kTileBytes;
 
   const int seg_end = p.part_begin[part + 1];
   for (int seg_i = p.part_begin[part]; seg_i < seg_end; ++seg_i) {
@@ -168,12 +310,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     if (wg == 1) {
       for (int t = 0; t < 2; ++t) {
         if (t < num_tiles) {
-          tile_offsets(p, seg, t, t1, offsets);
-          load_tile(p, offsets, t1, stages + t * kTileBytes);
+          tile_offsets<kFp8>(p, seg, t, t1, offsets);
+          load_tile<kFp8>(p, offsets, t1, tile_stage0 + t * kStageStride);
         }
         cp_async_commit();
       }
-      cp_async_wait<1>();
+      if constexpr (!kFp8) cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
@@ -185,122 +327,68 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
     for (int i = 0; i < kValueCols / 2; ++i) o[i] = 0.f;
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};  // WG0: running max (log2 units) and sum
 
-    if (wg == 0) {
+    if constexpr (kFp8) {
+      // One tile at a time through the converted tile: per tile, WG1 waits for its raw copies,
+      // all 256 threads convert it, WG1 refills the raw stage with tile + 2 (the copies of tile
+      // + 1 and tile + 2 are in flight during the tile's MMAs), then S, softmax and both halves
+      // of P . V as in the 16-bit loop below, without its stage hand-offs.
+#pragma unroll 1
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        if (wg == 1) {
+          if (tile + 2 < num_tiles) tile_offsets<true>(p, seg, tile + 2, t1, offsets);
+          cp_async_wait<1>();  // raw tile `tile` landed; tile + 1 may be in flight
+        }
+        __syncthreads();  // raw tile visible; every MMA of tile - 1 done (converted tile, P, alpha free)
+        convert_tile<T>(raw_stages + (tile & 1) * kRawTileBytes, converted, fp8_format);
+        wgmma::fence_async_smem();
+        __syncthreads();  // converted tile visible to the MMAs; the raw stage free
+        if (wg == 1) {
+          if (tile + 2 < num_tiles) load_tile<true>(p, offsets, t1, raw_stages + (tile & 1) * kRawTileBytes);
+          cp_async_commit();
+        }
+        if (wg == 0) {
+          float s[32], alpha[2];
+          scores<T>(s, q_smem, converted);
+          softmax_tile(s, m, l, alpha, p, req, seg, tile, mask_from, r0 + r_lo, quad_col);
+          store_p<T>(p_smem, alpha_smem, s, alpha, r_lo, quad_col);
+          wgmma::fence_async_smem();
+          named_barrier::arrive<kThreads>(kBarPReady);
+          rescale_and_pv<T>(o, alpha[0], alpha[1], p_smem, converted);
+        } else {
+          named_barrier::sync<kThreads>(kBarPReady);  // P(tile) and alpha(tile) written
+          rescale_and_pv<T>(o, alpha_smem[r_lo], alpha_smem[r_lo + 8], p_smem,
+                            converted + (kValueCols / 64) * kBlockBytes);
+        }
+        wgmma::wait<0>();
+        wgmma::reg_fence(o);
+      }
+    } else if (wg == 0) {
 #pragma unroll 1
       for (int tile = 0; tile < num_tiles; ++tile) {
         if (tile > 0) named_barrier::sync<kThreads>(kBarFull);  // tile's copies landed
         const char* kv = stages + (tile & 1) * kTileBytes;
-
-        // S (64 x 64) = Q . K^T, 36 k16 steps.
-        float s[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        wgmma::reg_fence(s);
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < kLatent / 16; ++kk) {
-          const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-          wgmma::Ops<T>::ss_n64(s, wgmma::smem_desc(q_smem + off, 16, 1024), wgmma::smem_desc(kv + off, 16, 1024));
-        }
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::reg_fence(s);
-
-        // Mask keys past each row's end (the segment's, or its token's causal end); online
-        // softmax; P and alpha to shared memory.
-        const int key0 = seg.kv_start + tile * kKeys + 2 * quad_col;
-        if (seg.kv_start + (tile + 1) * kKeys > mask_from) {
-          const int end[2] = {row_key_end(p, req, seg.kv_end, r0 + r_lo), row_key_end(p, req, seg.kv_end, r0 + r_lo + 8)};
-#pragma unroll
-          for (int e = 0; e < 32; ++e)
-            if (key0 + 8 * (e >> 2) + (e & 1) >= end[(e >> 1) & 1]) s[e] = neg_inf();
-        }
-        float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = neg_inf();
-#pragma unroll
-          for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-          mx = quad_max(mx);
-          const float m_new = fmaxf(m[h], mx * p.scale_log2);
-          const float base = m_new == neg_inf() ? 0.f : m_new;
-          alpha[h] = fast_exp2(m[h] - base);
-          m[h] = m_new;
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            s[4 * j + 2 * h] = fast_exp2(fmaf(s[4 * j + 2 * h], p.scale_log2, -base));
-            s[4 * j + 2 * h + 1] = fast_exp2(fmaf(s[4 * j + 2 * h + 1], p.scale_log2, -base));
-            sum += s[4 * j + 2 * h] + s[4 * j + 2 * h + 1];
-          }
-          l[h] = l[h] * alpha[h] + sum;
-        }
+        float s[32], alpha[2];
+        scores<T>(s, q_smem, kv);
+        softmax_tile(s, m, l, alpha, p, req, seg, tile, mask_from, r0 + r_lo, quad_col);
         if (tile > 0) named_barrier::sync<kThreads>(kBarPFree);  // WG1's P . V(tile - 1) no longer reads P / alpha
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = r_lo + 8 * h;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            *reinterpret_cast<uint32_t*>(p_smem + r * 128 + ((j ^ (r & 7)) << 4) + quad_col * 4) =
-                Mma<T>::pack(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
-          }
-          if (quad_col == 0) alpha_smem[r] = alpha[h];
-        }
+        store_p<T>(p_smem, alpha_smem, s, alpha, r_lo, quad_col);
         wgmma::fence_async_smem();
         named_barrier::arrive<kThreads>(kBarPReady);
-
         // O[:, 0:256) = alpha * O + P . V[:, 0:256).
-#pragma unroll
-        for (int j = 0; j < kValueCols / 8; ++j) {
-          o[4 * j] *= alpha[0];
-          o[4 * j + 1] *= alpha[0];
-          o[4 * j + 2] *= alpha[1];
-          o[4 * j + 3] *= alpha[1];
-        }
-        wgmma::reg_fence(o);
-        wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < kKeys / 16; ++ks) {
-          wgmma::Ops<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
-                               wgmma::smem_desc(kv + ks * 16 * 128, kBlockBytes, 1024));
-        }
-        wgmma::commit();
+        rescale_and_pv<T>(o, alpha[0], alpha[1], p_smem, kv);
         wgmma::wait<0>();
         wgmma::reg_fence(o);
         if (tile + 2 < num_tiles) named_barrier::arrive<kThreads>(kBarPv0Done + (tile & 1));  // stage tile & 1 free on WG0's side
       }
-      // Final row sums and maxima for WG1's epilogue.
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float sum = quad_sum(l[h]);
-        if (quad_col == 0) {
-          row_sum[r_lo + 8 * h] = sum;
-          row_max[r_lo + 8 * h] = m[h];
-        }
-      }
     } else {
 #pragma unroll 1
       for (int tile = 0; tile < num_tiles; ++tile) {
-        // Page lookups of tile + 2 (their latency hides behind this tile's P . V).
-        if (tile + 2 < num_tiles) tile_offsets(p, seg, tile + 2, t1, offsets);
+        // Page lookups of tile + 2 (copied into the freed stage after this tile's P . V): their
+        // latency hides behind this P . V.
+        if (tile + 2 < num_tiles) tile_offsets<false>(p, seg, tile + 2, t1, offsets);
         named_barrier::sync<kThreads>(kBarPReady);  // P(tile) and alpha(tile) written
         const char* kv = stages + (tile & 1) * kTileBytes;
-        const float a0 = alpha_smem[r_lo], a1 = alpha_smem[r_lo + 8];
-#pragma unroll
-        for (int j = 0; j < kValueCols / 8; ++j) {
-          o[4 * j] *= a0;
-          o[4 * j + 1] *= a0;
-          o[4 * j + 2] *= a1;
-          o[4 * j + 3] *= a1;
-        }
-        wgmma::reg_fence(o);
-        wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < kKeys / 16; ++ks) {
-          wgmma::Ops<T>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
-                               wgmma::smem_desc(kv + (kValueCols / 64) * kBlockBytes + ks * 16 * 128, kBlockBytes, 1024));
-        }
-        wgmma::commit();
+        rescale_and_pv<T>(o, alpha_smem[r_lo], alpha_smem[r_lo + 8], p_smem, kv + (kValueCols / 64) * kBlockBytes);
         // Tile + 1 (the only copies in flight) landed: WG0 may start S(tile + 1) now.
         if (tile + 1 < num_tiles) {
           cp_async_wait<0>();
@@ -312,8 +400,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_kernel(const Dec
         if (tile + 1 < num_tiles) named_barrier::arrive<kThreads>(kBarPFree);  // WG0 may overwrite P and alpha
         if (tile + 2 < num_tiles) {
           named_barrier::sync<kThreads>(kBarPv0Done + (tile & 1));  // WG0's P . V(tile) done: refill the stage with tile + 2
-          load_tile(p, offsets, t1, stages + (tile & 1) * kTileBytes);
+          load_tile<false>(p, offsets, t1, stages + (tile & 1) * kTileBytes);
           cp_async_commit();
+        }
+      }
+    }
+    if (wg == 0) {  // final row sums and maxima for the epilogue
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sum = quad_sum(l[h]);
+        if (quad_col == 0) {
+          row_sum[r_lo + 8 * h] = sum;
+          row_max[r_lo + 8 * h] = m[h];
         }
       }
     }
@@ -364,7 +462,8 @@ void configure_wgmma_decode() {
   cudaGetDevice(&device);
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((configured.load() & bit) != 0) return;
-  for (auto* kernel : {mla_decode_wgmma_kernel<__nv_bfloat16>, mla_decode_wgmma_kernel<__half>}) {
+  for (auto* kernel : {mla_decode_wgmma_kernel<__nv_bfloat16, false>, mla_decode_wgmma_kernel<__half, false>,
+                       mla_decode_wgmma_kernel<__nv_bfloat16, true>, mla_decode_wgmma_kernel<__half, true>}) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     check_launch("cudaFuncSetAttribute(mla_decode_wgmma_kernel)");
   }
@@ -380,7 +479,7 @@ bool wgmma_decode_available() {
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((known.load() & bit) == 0) {
     cudaFuncAttributes attributes{};
-    const bool ok = cudaFuncGetAttributes(&attributes, mla_decode_wgmma_kernel<__nv_bfloat16>) == cudaSuccess;
+    const bool ok = cudaFuncGetAttributes(&attributes, mla_decode_wgmma_kernel<__nv_bfloat16, false>) == cudaSuccess;
     if (!ok) (void)cudaGetLastError();
     if (ok && attributes.sharedSizeBytes == 0) available.fetch_or(bit);
     known.fetch_or(bit);
@@ -388,14 +487,19 @@ bool wgmma_decode_available() {
   return (available.load() & bit) != 0;
 }
 
-void launch_decode_wgmma(const DecodeParams& params, DType activation, int num_parts, void* stream) {
+void launch_decode_wgmma(const DecodeParams& params, DType activation, DType cache_dtype, int num_parts, void* stream) {
   configure_wgmma_decode();
   const int tiles = row_tiles(DecodeKernel::wgmma, params.tokens_per_request * params.num_heads);
   const auto s = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>(num_parts * tiles));
+  const int fmt = cache_dtype == DType::fp8_e4m3 ? 1 : cache_dtype == DType::fp8_e5m2 ? 2 : 0;
+  const bool fp8 = fmt != 0;
   if (activation == DType::bf16) {
-    mla_decode_wgmma_kernel<__nv_bfloat16><<<num_parts * tiles, kThreads, kSmem, s>>>(params, tiles);
+    auto* kernel = fp8 ? mla_decode_wgmma_kernel<__nv_bfloat16, true> : mla_decode_wgmma_kernel<__nv_bfloat16, false>;
+    kernel<<<grid, kThreads, kSmem, s>>>(params, tiles, fmt);
   } else {
-    mla_decode_wgmma_kernel<__half><<<num_parts * tiles, kThreads, kSmem, s>>>(params, tiles);
+    auto* kernel = fp8 ? mla_decode_wgmma_kernel<__half, true> : mla_decode_wgmma_kernel<__half, false>;
+    kernel<<<grid, kThreads, kSmem, s>>>(params, tiles, fmt);
   }
   check_launch("mla_decode_wgmma_kernel");
 }

@@ -12,8 +12,8 @@ namespace pagedattn::cuda::mla_decode {
 bool wgmma_decode_available();
 
 // Enqueues the decode kernel (num_parts * ceil(tokens_per_request * num_heads / 64) CTAs); the caller enqueues the
-// combine kernel when the plan splits requests. Requires wgmma_decode_available() and a 16-bit
-// cache of the activation dtype.
-void launch_decode_wgmma(const DecodeParams& params, DType activation, int num_parts, void* stream);
+// combine kernel when the plan splits requests. Requires wgmma_decode_available() and a cache of
+// the activation dtype or fp8 (e4m3 / e5m2).
+void launch_decode_wgmma(const DecodeParams& params, DType activation, DType cache_dtype, int num_parts, void* stream);
 
 }  // namespace pagedattn::cuda::mla_decode
