@@ -596,7 +596,7 @@ void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel ke
   constexpr DType act = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
   switch (kernel) {
     case DecodeKernel::wgmma:  // (launch_decode checked the cache dtype: the activation's or fp8)
-      launch_decode_wgmma(params, act, cache_dtype, num_parts, stream);
+      launch_decode_wgmma(params, act, fmt, num_parts, stream);
       break;
     case DecodeKernel::mma_16_rows:
       fp8 ? launch_variant<Cfg16<true>, T, true>(params, num_parts, fmt, stream)

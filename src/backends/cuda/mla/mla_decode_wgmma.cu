@@ -82,8 +82,6 @@ constexpr int kBlockBytes = kRows * 128;                // one 64-column block o
 constexpr int kTileBytes = kLatent / 64 * kBlockBytes;  // 73,728
 constexpr int kPBytes = kBlockBytes;                    // P: 64 x 64
 constexpr int kValueCols = kValue / 2;                  // O columns of a warpgroup (256)
-constexpr int kCopyRows = 128 / 8;                      // rows a pass of WG1's copies (8 threads a row)
-constexpr int kCopyPasses = kKeys / kCopyRows;          // 4
 // Q, 2 stages, P, alpha (64), the epilogue's row sums and maxima (2 x 64).
 constexpr int kSmem = 3 * kTileBytes + kPBytes + 3 * kRows * 4;
 static_assert(kKeys == 64 && kRows == 64 && kRows == rows_per_cta(DecodeKernel::wgmma) && kLatent % 64 == 0);
@@ -102,8 +100,10 @@ struct Copy {
   static constexpr int kRowChunks = kLatent * kElem / 16;  // 36 or 72
   static constexpr int kPassRows = 128 / kTPR;
   static constexpr int kPasses = kKeys / kPassRows;         // 2 or 4
-  static_assert(kPasses <= kCopyPasses && kRowChunks % kTPR == 0);
+  static_assert(kRowChunks % kTPR == 0);
 };
+constexpr int kCopyPasses = Copy<false>::kPasses;  // the most passes (a thread's row offsets)
+static_assert(Copy<true>::kPasses <= kCopyPasses);
 constexpr int kRawTileBytes = kKeys * kLatent;  // one fp8 tile (36,864 bytes)
 
 // Byte offset in the cache of key `pos` of `request`, or -1 (past the segment's end, or a page
@@ -147,7 +147,6 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const int64_t (
     }
   }
 }
-
 
 // fp8 raw tile -> the swizzled 16-bit tile the MMAs read (exact), by all 256 threads: one 16-byte
 // chunk (8 values) a thread per step.
@@ -487,19 +486,18 @@ bool wgmma_decode_available() {
   return (available.load() & bit) != 0;
 }
 
-void launch_decode_wgmma(const DecodeParams& params, DType activation, DType cache_dtype, int num_parts, void* stream) {
+void launch_decode_wgmma(const DecodeParams& params, DType activation, int fp8_format, int num_parts, void* stream) {
   configure_wgmma_decode();
   const int tiles = row_tiles(DecodeKernel::wgmma, params.tokens_per_request * params.num_heads);
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>(num_parts * tiles));
-  const int fmt = cache_dtype == DType::fp8_e4m3 ? 1 : cache_dtype == DType::fp8_e5m2 ? 2 : 0;
-  const bool fp8 = fmt != 0;
+  const bool fp8 = fp8_format != 0;
   if (activation == DType::bf16) {
     auto* kernel = fp8 ? mla_decode_wgmma_kernel<__nv_bfloat16, true> : mla_decode_wgmma_kernel<__nv_bfloat16, false>;
-    kernel<<<grid, kThreads, kSmem, s>>>(params, tiles, fmt);
+    kernel<<<grid, kThreads, kSmem, s>>>(params, tiles, fp8_format);
   } else {
     auto* kernel = fp8 ? mla_decode_wgmma_kernel<__half, true> : mla_decode_wgmma_kernel<__half, false>;
-    kernel<<<grid, kThreads, kSmem, s>>>(params, tiles, fmt);
+    kernel<<<grid, kThreads, kSmem, s>>>(params, tiles, fp8_format);
   }
   check_launch("mla_decode_wgmma_kernel");
 }

@@ -13,7 +13,7 @@ bool wgmma_decode_available();
 
 // Enqueues the decode kernel (num_parts * ceil(tokens_per_request * num_heads / 64) CTAs); the caller enqueues the
 // combine kernel when the plan splits requests. Requires wgmma_decode_available() and a cache of
-// the activation dtype or fp8 (e4m3 / e5m2).
-void launch_decode_wgmma(const DecodeParams& params, DType activation, DType cache_dtype, int num_parts, void* stream);
+// the activation dtype (fp8_format 0) or fp8 (1 e4m3, 2 e5m2: mla_decode.cu's launch maps the dtype).
+void launch_decode_wgmma(const DecodeParams& params, DType activation, int fp8_format, int num_parts, void* stream);
 
 }  // namespace pagedattn::cuda::mla_decode
