@@ -21,4 +21,12 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$" AND
       ${_cpu_dir}/cpu_kernels_avx512f.cpp APPEND PROPERTY COMPILE_OPTIONS
       "-Wno-maybe-uninitialized")
   endif()
+  if(PAGEDATTN_SANITIZE)
+    # Sanitized builds compile the AVX-512 kernel files at -O0: at -O1 under ASan + UBSan they are
+    # the slowest objects of the test build, which an AVX2 machine (CI's so far) compiles but never
+    # runs; on an AVX-512 machine their sanitized tests run slower instead. The AVX2 file stays at
+    # -O1: every x86 CI machine runs its tests. Figures: docs/perf/cpu.md (test build).
+    set_property(SOURCE ${_cpu_dir}/cpu_kernels_avx512.cpp ${_cpu_dir}/cpu_kernels_avx512f.cpp APPEND PROPERTY
+      COMPILE_OPTIONS "-O0")
+  endif()
 endif()
