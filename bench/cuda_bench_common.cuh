@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cublas_v2.h>
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,6 +30,22 @@ using namespace pagedattn;
       std::exit(1);                                                                            \
     }                                                                                          \
   } while (0)
+
+// cuTensorMapEncodeTiled, looked up through the runtime (no link against the driver library): the
+// probes that copy with TMA (sm_stream_probe, mla_wgmma_probe) encode their tensor maps with it.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+[[maybe_unused]] EncodeTiled tensor_map_encoder() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+#if CUDART_VERSION >= 12050
+  BENCH_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+#else
+  BENCH_CUDA(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q));
+#endif
+  return reinterpret_cast<EncodeTiled>(fn);
+}
 
 // Fills `bytes` with random values of `dtype` (bf16 in [-1, 1); fp8: finite random bytes).
 __global__ void fill_random(uint8_t* data, size_t count, int dtype_code, uint64_t seed) {

@@ -18,6 +18,11 @@
 //             stand-in for the compute: the kernel's overlap of copies and math, no math);
 //   load-hold-l2, load-l2  the same (and with no hold) with an L2 prefetch of the tile kL2Ahead
 //             ahead issued when tile t + 2 is copied (cp.async.bulk.prefetch.L2, a row a thread).
+//   load-tma, load-tma-hold  the copier as TMA instead (the same two stages and release order): one
+//             thread of WG1 arms the stage's mbarrier with the tile's bytes and issues 9 tensor
+//             copies, one a 64-column block of the tile's page (box 64 columns x 64 rows, 128-byte
+//             swizzle: the kernel's shared layout); WG0 waits on the mbarrier. The copier of a
+//             producer that costs the compute warps nothing: does it keep up under the hold?
 // Reading: `load` against the GEMM pieces says whether the kernel could be bound by its ingress or
 // by its tensor work, and the kernel's own time against both says how well it overlaps them
 // (docs/perf/mla.md, session 28).
@@ -46,6 +51,7 @@ constexpr int kChunks = md::kLatent * 2 / 16;           // 72 16-byte chunks a r
 constexpr int kBlockBytes = kRows * 128;                // a 64-column block of a 64-row tile
 constexpr int kTileBytes = md::kLatent / 64 * kBlockBytes;
 constexpr int kSmem = 3 * kTileBytes + kBlockBytes;     // Q, 2 stages, P
+constexpr int kSmemTma = kSmem + 2 * 8;                 // + the stages' mbarriers (load-tma)
 constexpr int kPage = 64;
 [[maybe_unused]] constexpr int kBarFull = 1, kBarFree = 2, kBarS = 3;
 constexpr int kL2Ahead = 4;  // load-*-l2: tiles between a tile's L2 prefetch and its release
@@ -139,6 +145,77 @@ __global__ void __launch_bounds__(kThreads, 1) probe_load(const Args a) {
     __syncthreads();
   }
   if (acc == 0x12345678u) atomicAdd(a.sink, 1ull);
+}
+
+// `load-tma`: as probe_load<0>, the copies by TMA (see the file comment). Tiles start at page
+// boundaries (page = tile = 64 keys); a segment's last tile copies its whole page.
+__global__ void __launch_bounds__(kThreads, 1) probe_load_tma(const Args a, const __grid_constant__ CUtensorMap map) {
+  extern __shared__ __align__(1024) char smem[];
+  char* stages = smem + kTileBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kSmem);
+  const int part = blockIdx.x / a.row_tiles;
+  const int wg = threadIdx.x >> 7, t1 = threadIdx.x & 127;
+  if (threadIdx.x == 0) {
+    mbar::init(&full[0], 1);
+    mbar::init(&full[1], 1);
+    mbar::fence_init();
+  }
+  __syncthreads();
+  const auto issue = [&](const md::Segment& seg, int tile, int stage) {
+    const int pos = seg.kv_start + tile * kKeys;
+    const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos / kPage);
+    mbar::arrive_expect_tx(&full[stage], kTileBytes);
+#pragma unroll
+    for (int c = 0; c < md::kLatent / 64; ++c) {
+      tma::load_4d(stages + stage * kTileBytes + c * kBlockBytes, &map, c * 64, 0, block, 0, &full[stage]);
+    }
+  };
+  uint32_t acc = 0, parity = 0;  // WG0: the phase parity of each stage's barrier, across segments
+  for (int si = a.part_begin[part]; si < a.part_begin[part + 1]; ++si) {
+    const md::Segment seg = a.segments[si];
+    const int n = tiles_of(seg);
+    if (wg == 1) {
+      if (t1 == 0) {
+        for (int t = 0; t < 2 && t < n; ++t) issue(seg, t, t);
+      }
+      for (int t = 0; t + 2 < n; ++t) {
+        named_barrier::sync<kThreads>(kBarFree);  // WG0 released tile t's stage
+        if (t1 == 0) issue(seg, t + 2, t & 1);
+      }
+    } else {
+      for (int t = 0; t < n; ++t) {
+        mbar::wait(&full[t & 1], (parity >> (t & 1)) & 1u);
+        parity ^= 1u << (t & 1);
+        acc += *reinterpret_cast<const uint32_t*>(stages + (t & 1) * kTileBytes + t1 * 16);
+        if (a.hold_cycles > 0) {
+          const long long t0 = clock64();
+          while (clock64() - t0 < a.hold_cycles) {
+          }
+        }
+        if (t + 2 < n) named_barrier::arrive<kThreads>(kBarFree);
+      }
+    }
+    __syncthreads();
+  }
+  if (acc == 0x12345678u) atomicAdd(a.sink, 1ull);
+}
+
+// The cache as 4-d tensor (576 columns, 64 rows, blocks, 1), boxes of 64 columns x 64 rows.
+CUtensorMap latent_map(const void* cache, int64_t blocks) {
+  CUtensorMap m;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(md::kLatent), kPage, static_cast<cuuint64_t>(blocks), 1};
+  const cuuint64_t strides[3] = {md::kLatent * 2, static_cast<cuuint64_t>(kPage) * md::kLatent * 2,
+                                 static_cast<cuuint64_t>(blocks) * kPage * md::kLatent * 2};
+  const cuuint32_t box[4] = {64, kPage, 1, 1};
+  const cuuint32_t es[4] = {1, 1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(cache), dims,
+                                          strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(r));
+    std::exit(1);
+  }
+  return m;
 }
 
 // `mma` (kPair false) and `mma-pair` (kPair true): the tensor work alone over the part's tiles.
@@ -248,6 +325,7 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaMemcpy(table_d, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   unsigned long long* sink = nullptr;
   BENCH_CUDA(cudaMalloc(&sink, 8));
+  const CUtensorMap map = latent_map(cache, blocks);
   std::printf("device %s, %d SMs; B%d x %d keys, 128 heads (2 row tiles a request)\n", prop.name, sms, batch, context);
 
   // SM cycles a nanosecond under a spin (the hold's unit).
@@ -294,7 +372,10 @@ int main(int argc, char** argv) {
     for (auto* k : {probe_load<0>, probe_load<kL2Ahead>, probe_mma<false>, probe_mma<true>}) {
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     }
+    cudaFuncSetAttribute(probe_load_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemTma);
     report(row_tiles == 2 ? "load" : "load-1", [&] { probe_load<0><<<grid, kThreads, kSmem>>>(args); }, false);
+    report(row_tiles == 2 ? "load-tma" : "load-tma-1", [&] { probe_load_tma<<<grid, kThreads, kSmemTma>>>(args, map); },
+           false);
     if (row_tiles == 2) {
       report("mma-pair", [&] { probe_mma<true><<<grid, kThreads, kSmem>>>(args); }, true);
       report("mma", [&] { probe_mma<false><<<grid, kThreads, kSmem>>>(args); }, true);
@@ -302,6 +383,7 @@ int main(int argc, char** argv) {
       // prefetch kL2Ahead tiles ahead: does the prefetch let the copies keep up with the compute?
       args.hold_cycles = static_cast<long long>(last_tile_us * 1e3 * cycles_per_ns);
       report("load-hold", [&] { probe_load<0><<<grid, kThreads, kSmem>>>(args); }, false);
+      report("load-tma-hold", [&] { probe_load_tma<<<grid, kThreads, kSmemTma>>>(args, map); }, false);
       report("load-hold-l2", [&] { probe_load<kL2Ahead><<<grid, kThreads, kSmem>>>(args); }, false);
       report("load-l2", [&] {
         Args no_hold = args;

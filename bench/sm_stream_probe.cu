@@ -22,8 +22,6 @@
 // engine.
 //
 // Build: the sm_stream_probe target (bench/CMakeLists.txt; preset `cuda`). Run it alone.
-#include <cuda.h>
-
 #include <numeric>
 #include <random>
 
@@ -188,10 +186,6 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
 CUtensorMap make_map(EncodeTiled encode, void* base) {
   CUtensorMap m;
   const cuuint64_t dims[4] = {kD, kHeads, kBlock, kNumBlocks};
@@ -225,14 +219,7 @@ int main() {
   CHECK(cudaMalloc(&table, ids.size() * sizeof(int)));
   CHECK(cudaMemcpy(table, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
   CHECK(cudaMalloc(&sink, sizeof(unsigned long long)));
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q;
-#if CUDART_VERSION >= 12050
-  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-#else
-  CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q));
-#endif
-  const auto encode = reinterpret_cast<EncodeTiled>(fn);
+  const EncodeTiled encode = tensor_map_encoder();
   const CUtensorMap kmap = make_map(encode, k);
   const CUtensorMap vmap = make_map(encode, v);
   CHECK(cudaFuncSetAttribute(stream_cp_async, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
