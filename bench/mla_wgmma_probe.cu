@@ -99,6 +99,19 @@ __device__ __forceinline__ void prefetch_tile(const Args& a, const md::Segment& 
   }
 }
 
+// WG0's part of the copier probes, once tile t (of n) landed: reads a word of it, holds it for
+// hold_cycles (a stand-in for the tile's compute) and releases its stage to WG1 (kBarFree).
+__device__ __forceinline__ uint32_t hold_and_release(const Args& a, const char* stages, int t, int n, int t1) {
+  const uint32_t word = *reinterpret_cast<const uint32_t*>(stages + (t & 1) * kTileBytes + t1 * 16);
+  if (a.hold_cycles > 0) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < a.hold_cycles) {
+    }
+  }
+  if (t + 2 < n) named_barrier::arrive<kThreads>(kBarFree);
+  return word;
+}
+
 // `load`: WG1 copies, WG0 releases each tile as soon as it landed, or after hold_cycles (a
 // stand-in for the tile's compute); kAhead > 0: WG1 also prefetches tile t + kAhead into L2 when
 // it copies tile t + 2 (the wgmma kernel's candidate, docs/perf/mla.md session 28).
@@ -133,13 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_load(const Args a) {
     } else {
       for (int t = 0; t < n; ++t) {
         named_barrier::sync<kThreads>(kBarFull);
-        acc += *reinterpret_cast<const uint32_t*>(stages + (t & 1) * kTileBytes + t1 * 16);
-        if (a.hold_cycles > 0) {
-          const long long t0 = clock64();
-          while (clock64() - t0 < a.hold_cycles) {
-          }
-        }
-        if (t + 2 < n) named_barrier::arrive<kThreads>(kBarFree);
+        acc += hold_and_release(a, stages, t, n, t1);
       }
     }
     __syncthreads();
@@ -186,13 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_load_tma(const Args a, cons
       for (int t = 0; t < n; ++t) {
         mbar::wait(&full[t & 1], (parity >> (t & 1)) & 1u);
         parity ^= 1u << (t & 1);
-        acc += *reinterpret_cast<const uint32_t*>(stages + (t & 1) * kTileBytes + t1 * 16);
-        if (a.hold_cycles > 0) {
-          const long long t0 = clock64();
-          while (clock64() - t0 < a.hold_cycles) {
-          }
-        }
-        if (t + 2 < n) named_barrier::arrive<kThreads>(kBarFree);
+        acc += hold_and_release(a, stages, t, n, t1);
       }
     }
     __syncthreads();
