@@ -6,8 +6,9 @@
 //               Peak/copy_bandwidth  STREAM-copy convention: (read + write bytes) / time
 //               Peak/read_bandwidth  read-only streaming (the access pattern of decode)
 //               Peak/paged_read      loads-only read of the Decode/16x4k cache in its page
-//                                    order (whole pages, K then V, two pages prefetched ahead):
-//                                    the floor of a scattered decode read (paged_read% below)
+//                                    order (whole pages, K then V; the best of passes with the
+//                                    pages two ahead prefetched and passes without): the floor
+//                                    of a scattered decode read (paged_read% below)
 //               Peak/paged_read_fp8  the same probe on the Decode/16x4k_fp8 cache (1-byte
 //                                    elements: pages half the size; paged_read% of fp8 rows)
 //               Peak/fma_f32         f32 FMA rate at the width of the path that runs (8 lanes on

@@ -92,22 +92,25 @@ inline double measure_bandwidth_gbs(bool read_only) {
 
 // The loads-only floor of a paged decode read: every thread takes whole requests (dynamic
 // schedule, as the decode plan's head-fused items) and reads each of its pages whole, K then V
-// (block_bytes each, at k_base / v_base + block * block_stride), with the page two ahead
-// prefetched into L2 line by line while the current one is read. No compute: the rate of the
-// access pattern itself (scattered pages defeat the hardware prefetchers), the ceiling of a
-// decode kernel that reads the same pages. Best of 5 passes.
+// (block_bytes each, at k_base / v_base + block * block_stride), in passes with the page two
+// ahead prefetched into L2 line by line while the current one is read and passes without
+// software prefetches (the hardware prefetchers alone; on the Zen 3 guest a page read front to
+// back streams faster that way, docs/perf/cpu.md session 29). No compute: the rate of the access
+// pattern itself, the ceiling of a decode kernel that reads the same pages. Best of 3 passes of
+// each.
 inline double measure_paged_read_gbs(const char* k_base, const char* v_base, int64_t block_stride,
                                      int64_t block_bytes, const int32_t* block_table,
                                      int64_t table_stride, int num_reqs, int blocks_per_req) {
   double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < 6; ++rep) {
+    const bool prefetch = rep % 2 == 0;
     const double start = omp_get_wtime();
     int64_t sink = 0;
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : sink)
     for (int r = 0; r < num_reqs; ++r) {
       const int32_t* blocks = block_table + static_cast<int64_t>(r) * table_stride;
       for (int j = 0; j < blocks_per_req; ++j) {
-        if (j + 2 < blocks_per_req) {
+        if (prefetch && j + 2 < blocks_per_req) {
           const int64_t ahead = static_cast<int64_t>(blocks[j + 2]) * block_stride;
           for (int64_t line = 0; line < block_bytes; line += 64) {
             __builtin_prefetch(k_base + ahead + line, 0, 2);
