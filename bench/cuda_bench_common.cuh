@@ -31,12 +31,15 @@ using namespace pagedattn;
     }                                                                                          \
   } while (0)
 
-// cuTensorMapEncodeTiled, looked up through the runtime (no link against the driver library): the
-// probes that copy with TMA (sm_stream_probe, mla_wgmma_probe) encode their tensor maps with it.
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-[[maybe_unused]] EncodeTiled tensor_map_encoder() {
+// A 4-d tensor map over 16-bit elements for the probes that copy with TMA (sm_stream_probe,
+// mla_wgmma_probe): dims innermost first, byte strides of dims 1-3, boxes of `box` elements, the
+// 128-byte swizzle of their shared tiles. cuTensorMapEncodeTiled is looked up through the runtime
+// (no link against the driver library); a failure ends the program.
+[[maybe_unused]] CUtensorMap tensor_map_4d_u16(const void* base, const cuuint64_t (&dims)[4],
+                                               const cuuint64_t (&strides)[3], const cuuint32_t (&box)[4]) {
+  using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q;
 #if CUDART_VERSION >= 12050
@@ -44,7 +47,17 @@ using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, 
 #else
   BENCH_CUDA(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q));
 #endif
-  return reinterpret_cast<EncodeTiled>(fn);
+  CUtensorMap m;
+  const cuuint32_t es[4] = {1, 1, 1, 1};
+  const CUresult r = reinterpret_cast<EncodeTiled>(fn)(
+      &m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), dims, strides, box, es,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(r));
+    std::exit(1);
+  }
+  return m;
 }
 
 // Fills `bytes` with random values of `dtype` (bf16 in [-1, 1); fp8: finite random bytes).

@@ -203,20 +203,9 @@ __global__ void __launch_bounds__(kThreads, 1) probe_load_tma(const Args a, cons
 
 // The cache as 4-d tensor (576 columns, 64 rows, blocks, 1), boxes of 64 columns x 64 rows.
 CUtensorMap latent_map(const void* cache, int64_t blocks) {
-  CUtensorMap m;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(md::kLatent), kPage, static_cast<cuuint64_t>(blocks), 1};
-  const cuuint64_t strides[3] = {md::kLatent * 2, static_cast<cuuint64_t>(kPage) * md::kLatent * 2,
-                                 static_cast<cuuint64_t>(blocks) * kPage * md::kLatent * 2};
-  const cuuint32_t box[4] = {64, kPage, 1, 1};
-  const cuuint32_t es[4] = {1, 1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(cache), dims,
-                                          strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(r));
-    std::exit(1);
-  }
-  return m;
+  const cuuint64_t row = md::kLatent * 2, page = row * kPage;
+  return tensor_map_4d_u16(cache, {md::kLatent, kPage, static_cast<cuuint64_t>(blocks), 1},
+                           {row, page, page * static_cast<cuuint64_t>(blocks)}, {64, kPage, 1, 1});
 }
 
 // `mma` (kPair false) and `mma-pair` (kPair true): the tensor work alone over the part's tiles.

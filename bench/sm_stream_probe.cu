@@ -186,20 +186,10 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
-CUtensorMap make_map(EncodeTiled encode, void* base) {
-  CUtensorMap m;
-  const cuuint64_t dims[4] = {kD, kHeads, kBlock, kNumBlocks};
-  const cuuint64_t strides[3] = {kD * 2, kHeads * kD * 2, static_cast<cuuint64_t>(kBlock) * kHeads * kD * 2};
-  const cuuint32_t box[4] = {64, 1, kBlock, 1};
-  const cuuint32_t es[4] = {1, 1, 1, 1};
-  const CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, base, dims, strides, box, es,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", static_cast<int>(r));
-    std::exit(1);
-  }
-  return m;
+CUtensorMap make_map(void* base) {
+  return tensor_map_4d_u16(base, {kD, kHeads, kBlock, kNumBlocks},
+                           {kD * 2, kHeads * kD * 2, static_cast<cuuint64_t>(kBlock) * kHeads * kD * 2},
+                           {64, 1, kBlock, 1});
 }
 
 }  // namespace
@@ -219,9 +209,8 @@ int main() {
   CHECK(cudaMalloc(&table, ids.size() * sizeof(int)));
   CHECK(cudaMemcpy(table, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
   CHECK(cudaMalloc(&sink, sizeof(unsigned long long)));
-  const EncodeTiled encode = tensor_map_encoder();
-  const CUtensorMap kmap = make_map(encode, k);
-  const CUtensorMap vmap = make_map(encode, v);
+  const CUtensorMap kmap = make_map(k);
+  const CUtensorMap vmap = make_map(v);
   CHECK(cudaFuncSetAttribute(stream_cp_async, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   CHECK(cudaFuncSetAttribute(stream_tma, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   int sms = 0;
