@@ -23,6 +23,9 @@
 //             copies, one a 64-column block of the tile's page (box 64 columns x 64 rows, 128-byte
 //             swizzle: the kernel's shared layout); WG0 waits on the mbarrier. The copier of a
 //             producer that costs the compute warps nothing: does it keep up under the hold?
+//   pipe-{cp,tma}-SxK[-hold]  the copier's depth: S stages of K-key tiles (2 x 64, 4 x 32, and
+//             without Q's 73.7 KB 3 x 64 and 6 x 32) on a FULL and an EMPTY mbarrier a stage, each
+//             tile held for its share of mma's time; per-tile figures are per 64 keys throughout.
 // Reading: `load` against the GEMM pieces says whether the kernel could be bound by its ingress or
 // by its tensor work, and the kernel's own time against both says how well it overlaps them
 // (docs/perf/mla.md, session 28).
@@ -201,11 +204,86 @@ __global__ void __launch_bounds__(kThreads, 1) probe_load_tma(const Args a, cons
   if (acc == 0x12345678u) atomicAdd(a.sink, 1ull);
 }
 
-// The cache as 4-d tensor (576 columns, 64 rows, blocks, 1), boxes of 64 columns x 64 rows.
-CUtensorMap latent_map(const void* cache, int64_t blocks) {
+// `pipe`: a copier of kStages stages of kTK-key tiles on mbarriers (a FULL and an EMPTY barrier a
+// stage), cp.async by WG1's 128 threads (each arrives on FULL when its copies landed) or TMA by one
+// thread (kTma: 9 tensor copies of box 64 columns x kTK rows). WG0 waits on FULL, holds the tile for
+// hold_cycles and arrives on EMPTY; WG1 refills a stage as soon as its EMPTY phase completed. No
+// Q: the stages alone, so 3 x 64 keys fits (what a kernel without Q in shared memory could have).
+// What it answers: how the copier's period under a hold falls with the depth of the pipeline (the
+// bytes in flight while one tile is held), for both copy mechanisms.
+template <int kStages, int kTK, bool kTma>
+__global__ void __launch_bounds__(kThreads, 1) probe_pipe(const Args a, const __grid_constant__ CUtensorMap map) {
+  constexpr int kStageBytes = kTK * md::kLatent * 2;
+  extern __shared__ __align__(1024) char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  uint64_t* empty = full + kStages;
+  const int part = blockIdx.x / a.row_tiles;
+  const int wg = threadIdx.x >> 7, t1 = threadIdx.x & 127;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar::init(&full[s], kTma ? 1 : 128);
+      mbar::init(&empty[s], 128);
+    }
+    mbar::fence_init();
+  }
+  __syncthreads();
+  uint32_t acc = 0;
+  int g = 0;  // the CTA's tile counter across segments: stage g % kStages, phase g / kStages
+  for (int si = a.part_begin[part]; si < a.part_begin[part + 1]; ++si) {
+    const md::Segment seg = a.segments[si];
+    const int n = (seg.kv_end - seg.kv_start + kTK - 1) / kTK;
+    for (int t = 0; t < n; ++t, ++g) {
+      const int s = g % kStages;
+      const uint32_t phase = static_cast<uint32_t>(g / kStages) & 1u;
+      char* stage = smem + s * kStageBytes;
+      if (wg == 1) {
+        if (g >= kStages) mbar::wait(&empty[s], phase ^ 1u);  // the stage's last reader is done
+        const int pos0 = seg.kv_start + t * kTK;
+        if constexpr (kTma) {
+          if (t1 == 0) {
+            const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos0 / kPage);
+            mbar::arrive_expect_tx(&full[s], kStageBytes);
+#pragma unroll
+            for (int c = 0; c < md::kLatent / 64; ++c)
+              tma::load_4d(stage + c * kTK * 128, &map, c * 64, pos0 % kPage, block, 0, &full[s]);
+          }
+        } else {
+          const int sub = t1 & 7;
+#pragma unroll
+          for (int pass = 0; pass < kTK / 16; ++pass) {
+            const int row = (t1 >> 3) + pass * 16;
+            const int pos = pos0 + row;
+            const bool valid = pos < seg.kv_end;
+            const char* src = (valid ? row_src(a, seg, pos) : a.cache) + sub * 16;
+#pragma unroll
+            for (int j = 0; j < kChunks / 8; ++j) {
+              const int chunk = sub + 8 * j;
+              cp_async_16(stage + (chunk >> 3) * (kTK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4),
+                          src + j * 128, valid);
+            }
+          }
+          mbar::arrive_on_copies(&full[s]);
+        }
+      } else {
+        mbar::wait(&full[s], phase);
+        acc += *reinterpret_cast<const uint32_t*>(stage + t1 * 16);
+        if (a.hold_cycles > 0) {
+          const long long c0 = clock64();
+          while (clock64() - c0 < a.hold_cycles) {
+          }
+        }
+        mbar::arrive(&empty[s]);
+      }
+    }
+  }
+  if (acc == 0x12345678u) atomicAdd(a.sink, 1ull);
+}
+
+// The cache as 4-d tensor (576 columns, 64 rows, blocks, 1), boxes of 64 columns x box_rows rows.
+CUtensorMap latent_map(const void* cache, int64_t blocks, cuuint32_t box_rows = kPage) {
   const cuuint64_t row = md::kLatent * 2, page = row * kPage;
   return tensor_map_4d_u16(cache, {md::kLatent, kPage, static_cast<cuuint64_t>(blocks), 1},
-                           {row, page, page * static_cast<cuuint64_t>(blocks)}, {64, kPage, 1, 1});
+                           {row, page, page * static_cast<cuuint64_t>(blocks)}, {64, box_rows, 1, 1});
 }
 
 // `mma` (kPair false) and `mma-pair` (kPair true): the tensor work alone over the part's tiles.
@@ -316,6 +394,7 @@ int main(int argc, char** argv) {
   unsigned long long* sink = nullptr;
   BENCH_CUDA(cudaMalloc(&sink, 8));
   const CUtensorMap map = latent_map(cache, blocks);
+  const CUtensorMap map32 = latent_map(cache, blocks, 32);
   std::printf("device %s, %d SMs; B%d x %d keys, 128 heads (2 row tiles a request)\n", prop.name, sms, batch, context);
 
   // SM cycles a nanosecond under a spin (the hold's unit).
@@ -380,6 +459,27 @@ int main(int argc, char** argv) {
         no_hold.hold_cycles = 0;
         probe_load<kL2Ahead><<<grid, kThreads, kSmem>>>(no_hold);
       }, false);
+      // The pipeline's depth: stages x keys a tile, cp.async and TMA, each tile held for its share
+      // of mma's time (half for 32-key tiles).
+      const long long hold64 = args.hold_cycles;
+      const auto pipe = [&](const char* name, auto kernel, int stage_bytes, int tk, const CUtensorMap& m, bool hold) {
+        const int smem = stage_bytes + 1024;
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        Args pa = args;
+        pa.hold_cycles = hold ? hold64 * tk / 64 : 0;
+        report(name, [&] { kernel<<<grid, kThreads, smem>>>(pa, m); }, false);
+      };
+      constexpr int kT64 = 64 * md::kLatent * 2, kT32 = kT64 / 2;
+      pipe("pipe-cp-2x64-hold", probe_pipe<2, 64, false>, 2 * kT64, 64, map, true);
+      pipe("pipe-tma-2x64-hold", probe_pipe<2, 64, true>, 2 * kT64, 64, map, true);
+      pipe("pipe-cp-4x32-hold", probe_pipe<4, 32, false>, 4 * kT32, 32, map32, true);
+      pipe("pipe-tma-4x32-hold", probe_pipe<4, 32, true>, 4 * kT32, 32, map32, true);
+      pipe("pipe-cp-3x64-hold", probe_pipe<3, 64, false>, 3 * kT64, 64, map, true);
+      pipe("pipe-tma-3x64-hold", probe_pipe<3, 64, true>, 3 * kT64, 64, map, true);
+      pipe("pipe-cp-6x32-hold", probe_pipe<6, 32, false>, 6 * kT32, 32, map32, true);
+      pipe("pipe-tma-6x32-hold", probe_pipe<6, 32, true>, 6 * kT32, 32, map32, true);
+      pipe("pipe-tma-2x64", probe_pipe<2, 64, true>, 2 * kT64, 64, map, false);
+      pipe("pipe-tma-4x32", probe_pipe<4, 32, true>, 4 * kT32, 32, map32, false);
       args.hold_cycles = 0;
     }
     BENCH_CUDA(cudaGetLastError());
