@@ -193,7 +193,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   auto run = [&] {
     p.block_table = bt_d + static_cast<int64_t>(rot) * table_entries;
     rot = (rot + 1) % rotations;
-    md::launch_decode(p, DType::bf16, cache, kernel, plan.num_parts, plan.any_split, current_cuda_stream());
+    md::launch_decode(p, DType::bf16, cache, kernel, plan.num_parts, md::plan_combine(plan), current_cuda_stream());
   };
   for (int i = 0; i < 3; ++i) run();
   const double work = double(batch) * context;

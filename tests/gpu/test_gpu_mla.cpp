@@ -334,7 +334,7 @@ void run_decode_case(const DecodeCase& c, uint64_t seed) {
   p.out_scale = k_scale;
   const md::DecodeKernel kernel = md::resolve_decode_kernel(rows, c.cache);
   SCOPED_TRACE(detail::concat("kernel ", static_cast<int>(kernel), ", ", rows, " rows a request"));
-  md::launch_decode(p, c.act, c.cache, kernel, plan.num_parts, plan.any_split, current_cuda_stream());
+  md::launch_decode(p, c.act, c.cache, kernel, plan.num_parts, md::plan_combine(plan), current_cuda_stream());
   const Tensor got = to_host(out), got_lse = to_host(lse);
   ASSERT_TRUE(all_finite(got)) << "an output element was not written";
   double d2 = 0, r2 = 0, lse_err = 0;
@@ -420,7 +420,7 @@ TEST(CudaMlaDecode, WgmmaKernelCoversHopperHeads) {
   md::DecodeParams p{};
   p.num_requests = 1;
   p.num_heads = 128;
-  EXPECT_THROW(md::launch_decode(p, DType::bf16, DType::f16, md::DecodeKernel::wgmma, 1, false,
+  EXPECT_THROW(md::launch_decode(p, DType::bf16, DType::f16, md::DecodeKernel::wgmma, 1, md::Combine::none,
                                  current_cuda_stream()),
                Error);
 }
@@ -455,11 +455,21 @@ TEST(CudaMlaDecode, PlanBalancesParts) {
       worst = std::max(worst, cost);
     }
     EXPECT_LE(worst, 2 * total / parts + 4) << parts << " parts";
+    int most_splits = 1;
     for (size_t r = 0; r < seqs.size(); ++r) {
       EXPECT_EQ(covered[r], seqs[r]);
       EXPECT_EQ(plan.requests[r].num_splits, std::max(1, count[r]));
       EXPECT_GE(count[r], 1);
+      most_splits = std::max(most_splits, count[r]);
     }
+    // The combine's grid: none without a split, a CTA a row once a request has more than
+    // kNarrowSplits segments (132 parts here: the 9000-key request spread over most of them).
+    const md::Combine expected = most_splits == 1                   ? md::Combine::none
+                                 : most_splits > md::kNarrowSplits ? md::Combine::wide
+                                                                    : md::Combine::narrow;
+    EXPECT_EQ(md::plan_combine(plan), expected) << parts << " parts";
+    if (parts == 132) EXPECT_EQ(md::plan_combine(plan), md::Combine::wide);
+    if (parts == 1) EXPECT_EQ(md::plan_combine(plan), md::Combine::none);
   }
 }
 

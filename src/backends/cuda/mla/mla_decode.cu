@@ -485,41 +485,53 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
   }
 }
 
-// Merges the split partials of each request: a warp per (request, row).
+// Merges the split partials of each request (its slots' f32 o and LSE). A request of at most
+// kNarrowSplits segments (a batch's requests cut at part boundaries: 2-3 slots): a warp a row, 8
+// rows a CTA, its slots in one batch of loads. A request of more (one or a few long requests
+// spread over every part: up to one slot a part) is latency-bound that way (a warp would wait for
+// one batch of 8 slots after another), so it takes a CTA a row: warp w merges slots w, w + 8, ..
+// (one batch for 64 slots), the 8 warps' sums are added in shared memory in warp order. CTA (b, y)
+// holds rows [8y, 8y + 8) of a narrow request and row y of a wide one; the launch makes gridDim.y
+// cover a wide request's rows whenever its plan may hold one (Combine::wide). Which way a request
+// is merged depends on its own split count alone (batch-invariant plans stay invariant).
 template <typename T>
 __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) {
-  const int b = blockIdx.x;
-  const int row = blockIdx.y * 8 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  const DecodeRequest sp = p.requests[b];
+  constexpr int kWarps = 8, kBatch = 8;  // kBatch slots' loads in flight a warp
+  static_assert(kNarrowSplits == kBatch);
+  __shared__ float warp_o[kWarps][kValue];
+  __shared__ float warp_w[kWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const DecodeRequest sp = p.requests[blockIdx.x];
+  if (sp.num_splits <= 1) return;
+  const bool wide = sp.num_splits > kNarrowSplits;
+  const int rows = p.tokens_per_request * p.num_heads;
+  const int row = wide ? static_cast<int>(blockIdx.y) : static_cast<int>(blockIdx.y) * kWarps + warp;
+  if (row >= rows) return;  // (wide: the whole CTA)
   const RowPlace at = row_place(p, sp, row);
-  if (sp.num_splits <= 1 || !at.valid) return;
-  // Slot s of this row: lse[s * stride], out[s * stride * 512 ..]. The loops are unrolled so that
-  // several slots' loads are in flight at once (one request of many splits is latency-bound).
-  const int64_t stride = static_cast<int64_t>(p.tokens_per_request) * p.num_heads;
+  if (!at.valid) return;    // (wide: the whole CTA)
+  // Slot s of this row: lse[s * rows], out[s * rows * 512 ..].
+  const int64_t stride = rows;
   const float* lse_src = p.partial_lse + partial_row(p, sp.partial_base, row);
   const float* out_src = p.partial_out + partial_row(p, sp.partial_base, row) * kValue + lane * 4;
+  const auto finite_lse = [](float v) { return v == -neg_inf() ? neg_inf() : v; };  // +inf as -inf (merge_attn_states)
   float mx = neg_inf();
-#pragma unroll 8
-  for (int s = 0; s < sp.num_splits; ++s) {
-    float v = lse_src[s * stride];
-    if (v == -neg_inf()) v = neg_inf();  // +inf treated as -inf (as merge_attn_states)
-    mx = fmaxf(mx, v);
-  }
+  for (int s = lane; s < sp.num_splits; s += 32) mx = fmaxf(mx, finite_lse(lse_src[s * stride]));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   const float base = mx == neg_inf() ? 0.f : mx;
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.f;
   float wsum = 0.f;
-  // kBatch slots a step: every load of the step is issued before the first is used.
-  constexpr int kBatch = 8;
-  for (int s0 = 0; s0 < sp.num_splits; s0 += kBatch) {
+  // This warp's slots, kBatch a step: every load of the step is issued before the first is used.
+  const int first = wide ? warp : 0, step = wide ? kWarps : 1;
+  for (int s0 = first; s0 < sp.num_splits; s0 += kBatch * step) {
     float v[kBatch];
     float4 x[kBatch][4];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const bool in = s0 + u < sp.num_splits;  // past the end: weight 0 on zeros
-      const int64_t slot = s0 + u;
+      const int64_t slot = s0 + u * step;
+      const bool in = slot < sp.num_splits;  // past the end: weight 0 on zeros
       v[u] = in ? lse_src[slot * stride] : neg_inf();
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -529,7 +541,7 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) 
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
-      const float lv = v[u] == -neg_inf() ? neg_inf() : v[u];
+      const float lv = finite_lse(v[u]);
       const float w = lv == neg_inf() ? 0.f : expf(lv - base);
       wsum += w;
 #pragma unroll
@@ -539,18 +551,40 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) 
       }
     }
   }
-  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
   T* dst = static_cast<T*>(p.out) + at.token * p.o_token_stride + at.head * p.o_head_stride;
+  if (!wide) {
+    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint2 packed;
+      packed.x = Mma<T>::pack(acc[4 * i] * inv, acc[4 * i + 1] * inv);
+      packed.y = Mma<T>::pack(acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
+      *reinterpret_cast<uint2*>(dst + i * 128 + lane * 4) = packed;
+    }
+    if (lane == 0 && p.lse != nullptr) {
+      p.lse[at.head * p.lse_head_stride + static_cast<int64_t>(at.token) * p.lse_token_stride] = lse_natural(base, wsum);
+    }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    uint2 packed;
-    packed.x = Mma<T>::pack(acc[4 * i] * inv, acc[4 * i + 1] * inv);
-    packed.y = Mma<T>::pack(acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
-    *reinterpret_cast<uint2*>(dst + i * 128 + lane * 4) = packed;
+    *reinterpret_cast<float4*>(&warp_o[warp][i * 128 + lane * 4]) =
+        make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]);
   }
-  if (lane == 0 && p.lse != nullptr) {
-    p.lse[at.head * p.lse_head_stride + static_cast<int64_t>(at.token) * p.lse_token_stride] =
-        lse_natural(base, wsum);
+  if (lane == 0) warp_w[warp] = wsum;
+  __syncthreads();
+  const int c = 2 * static_cast<int>(threadIdx.x);  // this thread's two columns
+  float o0 = warp_o[0][c], o1 = warp_o[0][c + 1], w = warp_w[0];
+#pragma unroll
+  for (int k = 1; k < kWarps; ++k) {
+    o0 += warp_o[k][c];
+    o1 += warp_o[k][c + 1];
+    w += warp_w[k];
+  }
+  const float inv = w > 0.f ? 1.f / w : 0.f;
+  *reinterpret_cast<uint32_t*>(dst + c) = Mma<T>::pack(o0 * inv, o1 * inv);
+  if (threadIdx.x == 0 && p.lse != nullptr) {
+    p.lse[at.head * p.lse_head_stride + static_cast<int64_t>(at.token) * p.lse_token_stride] = lse_natural(base, w);
   }
 }
 
@@ -589,7 +623,7 @@ static_assert(Cfg16<false>::kRows == rows_per_cta(DecodeKernel::mma_16_rows) &&
               Cfg64<false>::kRows == rows_per_cta(DecodeKernel::mma_64_rows));
 
 template <typename T>
-void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel kernel, int num_parts, bool any_split,
+void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel kernel, int num_parts, Combine combine,
                   cudaStream_t stream) {
   const bool fp8 = is_fp8(cache_dtype);
   const int fmt = cache_dtype == DType::fp8_e4m3 ? 1 : cache_dtype == DType::fp8_e5m2 ? 2 : 0;
@@ -607,9 +641,10 @@ void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel ke
           : launch_variant<Cfg64<false>, T, false>(params, num_parts, fmt, stream);
       break;
   }
-  if (any_split) {
+  if (combine != Combine::none) {
+    const int rows = params.tokens_per_request * params.num_heads;
     const dim3 grid(static_cast<unsigned>(params.num_requests),
-                    static_cast<unsigned>((params.tokens_per_request * params.num_heads + 7) / 8));
+                    static_cast<unsigned>(combine == Combine::wide ? rows : (rows + 7) / 8));
     mla_combine_kernel<T><<<grid, 256, 0, stream>>>(params);
     check_launch("mla_combine_kernel");
   }
@@ -622,7 +657,7 @@ DecodeKernel resolve_decode_kernel(int rows, DType cache_dtype) {
 }
 
 void launch_decode(const DecodeParams& params, DType activation, DType cache_dtype, DecodeKernel kernel, int num_parts,
-                   bool any_split, void* stream) {
+                   Combine combine, void* stream) {
   if (num_parts <= 0 || params.num_requests <= 0) return;
   PAGEDATTN_CHECK(params.tokens_per_request >= 1 && params.num_heads >= 1, "params", "CUDA_MLA decode: "
                   "tokens_per_request = ", params.tokens_per_request, ", num_heads = ", params.num_heads,
@@ -633,9 +668,9 @@ void launch_decode(const DecodeParams& params, DType activation, DType cache_dty
   PAGEDATTN_CHECK(is_fp8(cache_dtype) || cache_dtype == activation, "kv_cache", "CUDA_MLA decode: cache dtype ",
                   dtype_name(cache_dtype), " must be the activation dtype ", dtype_name(activation), " or fp8");
   if (activation == DType::bf16) {
-    launch_typed<__nv_bfloat16>(params, cache_dtype, kernel, num_parts, any_split, s);
+    launch_typed<__nv_bfloat16>(params, cache_dtype, kernel, num_parts, combine, s);
   } else {
-    launch_typed<__half>(params, cache_dtype, kernel, num_parts, any_split, s);
+    launch_typed<__half>(params, cache_dtype, kernel, num_parts, combine, s);
   }
 }
 

@@ -56,6 +56,20 @@ struct Plan {
   bool any_split = false;
 };
 
+// How the launch merges split requests (the combine kernel, mla_decode.cu): none (no request is
+// split), narrow (a warp a row: every split request has at most kNarrowSplits segments) or wide (a
+// request may have more: one or a few long requests spread over every part; a CTA a row for
+// those). Capture plans take wide: the batch at replay is unknown.
+enum class Combine : int32_t { none, narrow, wide };
+inline constexpr int kNarrowSplits = 8;
+inline Combine plan_combine(const Plan& plan) {
+  if (!plan.any_split) return Combine::none;
+  for (const DecodeRequest& r : plan.requests) {
+    if (r.num_splits > kNarrowSplits) return Combine::wide;
+  }
+  return Combine::narrow;
+}
+
 // Capacity of a plan for `max_requests` requests cut into at most `max_parts` parts.
 inline int64_t max_segments(int64_t max_requests, int64_t max_parts) { return max_requests + max_parts; }
 inline int64_t max_partial_slots(int64_t max_parts) { return 2 * max_parts; }
@@ -129,9 +143,10 @@ struct DecodeParams {
 };
 
 // cache_dtype: f16/bf16 (must equal activation) or fp8_e4m3/e5m2. Enqueues `kernel` (num_parts *
-// row tiles CTAs) and, when any_split, the combine kernel; Error when `kernel` cannot run this
-// cache (wgmma: 16-bit caches only).
+// row tiles CTAs) and, unless combine is none, the combine kernel (its grid sized for `combine`:
+// plan_combine of the plan, or wide); Error when `kernel` cannot run this cache (wgmma: 16-bit
+// caches only).
 void launch_decode(const DecodeParams& params, DType activation, DType cache_dtype, DecodeKernel kernel,
-                   int num_parts, bool any_split, void* stream);
+                   int num_parts, Combine combine, void* stream);
 
 }  // namespace pagedattn::cuda::mla_decode
