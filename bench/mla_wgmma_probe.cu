@@ -23,6 +23,9 @@
 //             copies, one a 64-column block of the tile's page (box 64 columns x 64 rows, 128-byte
 //             swizzle: the kernel's shared layout); WG0 waits on the mbarrier. The copier of a
 //             producer that costs the compute warps nothing: does it keep up under the hold?
+//   pipe-mma[-tma]  mma's tensor work on tiles a third warpgroup copies meanwhile (2 stages on
+//             mbarriers, setmaxnreg): the copies against the MMAs' shared-memory reads, a producer
+//             that only copies;
 //   pipe-{cp,tma}-SxK[-hold]  the copier's depth: S stages of K-key tiles (2 x 64, 4 x 32, and
 //             without Q's 73.7 KB 3 x 64 and 6 x 32) on a FULL and an EMPTY mbarrier a stage, each
 //             tile held for its share of mma's time; per-tile figures are per 64 keys throughout.
@@ -360,6 +363,126 @@ __global__ void __launch_bounds__(kThreads, 1) probe_mma(const Args a) {
 #endif
 }
 
+// `pipe-mma[-tma]`: the tensor work of `mma` (WG0: S, then its half of P.V; WG1: its half once S is
+// done) on tiles that a third warpgroup copies while the MMAs run (384 threads; `setmaxnreg`: the
+// copier 40 registers, the MMA warpgroups 232): 2 stages, a FULL and an EMPTY mbarrier a stage as
+// `pipe`, the stage released once both halves of P.V(t) are done. The copier is the producer
+// warpgroup's 128 threads (cp.async as `load`, page lookups included) or one of them (kTma: 9
+// tensor copies). What `pipe-*-hold` cannot show: the copies' shared-memory writes competing with
+// the MMAs' operand reads (the tile's MMAs read ~227 KB of shared memory, at the tensor rate close
+// to all of its bandwidth), and whether a producer that only copies keeps the kernel's serial
+// schedule fed.
+template <bool kTma>
+__global__ void __launch_bounds__(384, 1) probe_pipe_mma(const Args a, const __grid_constant__ CUtensorMap map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) char smem[];
+  char* q_smem = smem;
+  char* stages = smem + kTileBytes;
+  char* p_smem = stages + 2 * kTileBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(p_smem + kBlockBytes);
+  uint64_t* empty = full + 2;
+  const int part = blockIdx.x / a.row_tiles;
+  const int wg = threadIdx.x >> 7, t1 = threadIdx.x & 127;  // 0, 1: the MMAs; 2: the copier
+  // Finite operands once: Q from the cache's first rows, P zeros; the barriers.
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += 384) {
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    cp_async_16(q_smem + swizzled_offset(row, chunk), a.cache + static_cast<int64_t>(row) * md::kLatent * 2 + chunk * 16,
+                true);
+  }
+  cp_async_commit();
+  for (int i = threadIdx.x; i < kBlockBytes / 4; i += 384) reinterpret_cast<uint32_t*>(p_smem)[i] = 0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      mbar::init(&full[s], kTma ? 1 : 128);
+      mbar::init(&empty[s], 256);
+    }
+    mbar::fence_init();
+  }
+  cp_async_wait<0>();
+  wgmma::fence_async_smem();
+  __syncthreads();
+  if (wg == 2) {  // the copier
+    warpgroup_regs_dec<40>();
+    int g = 0;  // tile counter across segments: stage g & 1, phase g >> 1
+    for (int si = a.part_begin[part]; si < a.part_begin[part + 1]; ++si) {
+      const md::Segment seg = a.segments[si];
+      const int n = tiles_of(seg);
+      for (int t = 0; t < n; ++t, ++g) {
+        const int s = g & 1;
+        char* kv = stages + s * kTileBytes;
+        if (g >= 2) mbar::wait(&empty[s], (static_cast<uint32_t>(g >> 1) & 1u) ^ 1u);
+        const int pos0 = seg.kv_start + t * kKeys;
+        if constexpr (kTma) {
+          if (t1 == 0) {
+            const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos0 / kPage);
+            mbar::arrive_expect_tx(&full[s], kTileBytes);
+#pragma unroll
+            for (int c = 0; c < md::kLatent / 64; ++c)
+              tma::load_4d(kv + c * kBlockBytes, &map, c * 64, pos0 % kPage, block, 0, &full[s]);
+          }
+        } else {
+          issue_tile(a, seg, t, t1, kv);
+          mbar::arrive_on_copies(&full[s]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+  warpgroup_regs_inc<232>();
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float sacc[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) sacc[i] = 0.f;
+  int g = 0;
+  for (int si = a.part_begin[part]; si < a.part_begin[part + 1]; ++si) {
+    const md::Segment seg = a.segments[si];
+    const int n = tiles_of(seg);
+    for (int t = 0; t < n; ++t, ++g) {
+      const int s = g & 1;
+      const char* kv = stages + s * kTileBytes;
+      mbar::wait(&full[s], static_cast<uint32_t>(g >> 1) & 1u);
+      if (wg == 0) {
+        wgmma::reg_fence(sacc);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < md::kLatent / 16; ++kk) {
+          const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+          wgmma::Ops<__nv_bfloat16>::ss_n64(sacc, wgmma::smem_desc(q_smem + off, 16, 1024),
+                                            wgmma::smem_desc(kv + off, 16, 1024));
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::reg_fence(sacc);
+        named_barrier::arrive<kThreads>(kBarS);
+      } else {
+        named_barrier::sync<kThreads>(kBarS);
+      }
+      const char* v_half = kv + wg * 4 * kBlockBytes;
+      wgmma::reg_fence(o);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kKeys / 16; ++ks) {
+        wgmma::Ops<__nv_bfloat16>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+                                              wgmma::smem_desc(v_half + ks * 16 * 128, kBlockBytes, 1024));
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+      mbar::arrive(&empty[s]);
+    }
+  }
+  float x = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) x += sacc[i];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) x += o[i];
+  if (x == 1234.5f) atomicAdd(a.sink, 1ull);
+#endif
+}
+
 // clock64 cycles and %globaltimer nanoseconds over a spin of 20 M cycles.
 __global__ void clock_rate(long long* out) {
   unsigned long long t0, t1;
@@ -448,6 +571,12 @@ int main(int argc, char** argv) {
     if (row_tiles == 2) {
       report("mma-pair", [&] { probe_mma<true><<<grid, kThreads, kSmem>>>(args); }, true);
       report("mma", [&] { probe_mma<false><<<grid, kThreads, kSmem>>>(args); }, true);
+      // The same tensor work on tiles a third warpgroup copies (cp.async, or TMA from one thread).
+      constexpr int kSmemPipeMma = kSmem + 4 * 8;
+      cudaFuncSetAttribute(probe_pipe_mma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemPipeMma);
+      cudaFuncSetAttribute(probe_pipe_mma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemPipeMma);
+      report("pipe-mma", [&] { probe_pipe_mma<false><<<grid, 384, kSmemPipeMma>>>(args, map); }, true);
+      report("pipe-mma-tma", [&] { probe_pipe_mma<true><<<grid, 384, kSmemPipeMma>>>(args, map); }, true);
       // The copier under a hold of the kernel's tensor time a tile (mma), without and with the L2
       // prefetch kL2Ahead tiles ahead: does the prefetch let the copies keep up with the compute?
       args.hold_cycles = static_cast<long long>(last_tile_us * 1e3 * cycles_per_ns);
