@@ -52,7 +52,7 @@ struct CudaMlaMetadata final : MLAMetadata {
   md::DecodeKernel decode_kernel = md::DecodeKernel::mma_16_rows;  // what forward_decode launches
   int tokens_per_request = 1;  // the decodes' largest query_len: rows of a request = this x heads
   int num_parts = 0;       // parts launched: the plan's, or every part the builder plans (capture)
-  md::Combine combine = md::Combine::none;  // the combine's launch (wide for a capture plan)
+  md::Combine combine = md::Combine::none;  // the combine's launch (narrow for a capture plan)
   const md::Segment* segments = nullptr;
   const int32_t* part_begin = nullptr;
   const md::DecodeRequest* requests = nullptr;
@@ -172,7 +172,7 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     m.decode_kernel = kernel;
     m.tokens_per_request = tokens;
     m.num_parts = capturing_ ? parts : plan.num_parts;
-    m.combine = capturing_ ? md::Combine::wide : md::plan_combine(plan);
+    m.combine = capturing_ ? md::Combine::narrow : md::plan_combine(plan);
     m.part_begin = reinterpret_cast<const int32_t*>(base + part_begin_offset_);
     m.segments = reinterpret_cast<const md::Segment*>(base + segments_offset_);
     m.requests = reinterpret_cast<const md::DecodeRequest*>(base + requests_offset_);

@@ -492,8 +492,11 @@ __global__ void __launch_bounds__(Cfg<kKG, kRowWarps, kMT, kKeys, kStages, kFp8>
 // one batch of 8 slots after another), so it takes a CTA a row: warp w merges slots w, w + 8, ..
 // (one batch for 64 slots), the 8 warps' sums are added in shared memory in warp order. CTA (b, y)
 // holds rows [8y, 8y + 8) of a narrow request and row y of a wide one; the launch makes gridDim.y
-// cover a wide request's rows whenever its plan may hold one (Combine::wide). Which way a request
-// is merged depends on its own split count alone (batch-invariant plans stay invariant).
+// cover a wide request's rows when its plan holds one (Combine::wide). Which way a request
+// is merged depends on its own split count alone (batch-invariant plans stay invariant). Under a
+// narrow grid (captured graphs: a row a CTA would launch requests x rows CTAs at every replay, most
+// of them empty, one an SM at this kernel's registers) a request of any split count takes the warp
+// a row, its slots in consecutive batches.
 template <typename T>
 __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) {
   constexpr int kWarps = 8, kBatch = 8;  // kBatch slots' loads in flight a warp
@@ -503,8 +506,8 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const DecodeRequest sp = p.requests[blockIdx.x];
   if (sp.num_splits <= 1) return;
-  const bool wide = sp.num_splits > kNarrowSplits;
   const int rows = p.tokens_per_request * p.num_heads;
+  const bool wide = sp.num_splits > kNarrowSplits && static_cast<int>(gridDim.y) >= rows;
   const int row = wide ? static_cast<int>(blockIdx.y) : static_cast<int>(blockIdx.y) * kWarps + warp;
   if (row >= rows) return;  // (wide: the whole CTA)
   const RowPlace at = row_place(p, sp, row);

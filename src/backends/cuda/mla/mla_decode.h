@@ -57,9 +57,11 @@ struct Plan {
 };
 
 // How the launch merges split requests (the combine kernel, mla_decode.cu): none (no request is
-// split), narrow (a warp a row: every split request has at most kNarrowSplits segments) or wide (a
-// request may have more: one or a few long requests spread over every part; a CTA a row for
-// those). Capture plans take wide: the batch at replay is unknown.
+// split), narrow (a warp a row, 8 rows a CTA: every request's slots in consecutive batches) or wide
+// (a plan with a request of more than kNarrowSplits segments: one or a few long requests spread
+// over every part; a CTA a row for those, the 8 warps splitting its slots). Capture plans take
+// narrow: any plan at replay is merged correctly, and a wide grid would launch requests x rows
+// CTAs at every replay.
 enum class Combine : int32_t { none, narrow, wide };
 inline constexpr int kNarrowSplits = 8;
 inline Combine plan_combine(const Plan& plan) {
