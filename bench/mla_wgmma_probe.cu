@@ -289,6 +289,37 @@ CUtensorMap latent_map(const void* cache, int64_t blocks, cuuint32_t box_rows = 
                            {row, page, page * static_cast<cuuint64_t>(blocks)}, {64, box_rows, 1, 1});
 }
 
+// The tensor work of one tile, as the kernel issues it: S = Q . K^T (36 wgmma m64n64k16) and a
+// warpgroup's half of P . V (4 wgmma m64n256k16, V N-major), each waited for.
+__device__ __forceinline__ void tile_scores(float (&s)[32], const char* q_smem, const char* kv) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  wgmma::reg_fence(s);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < md::kLatent / 16; ++kk) {
+    const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+    wgmma::Ops<__nv_bfloat16>::ss_n64(s, wgmma::smem_desc(q_smem + off, 16, 1024), wgmma::smem_desc(kv + off, 16, 1024));
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::reg_fence(s);
+#endif
+}
+__device__ __forceinline__ void tile_pv_half(float (&o)[128], const char* p_smem, const char* v_half) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  wgmma::reg_fence(o);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < kKeys / 16; ++ks) {
+    wgmma::Ops<__nv_bfloat16>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
+                                          wgmma::smem_desc(v_half + ks * 16 * 128, kBlockBytes, 1024));
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::reg_fence(o);
+#endif
+}
+
 // `mma` (kPair false) and `mma-pair` (kPair true): the tensor work alone over the part's tiles.
 template <bool kPair>
 __global__ void __launch_bounds__(kThreads, 1) probe_mma(const Args a) {
@@ -325,33 +356,12 @@ __global__ void __launch_bounds__(kThreads, 1) probe_mma(const Args a) {
       const char* kv = stages + (t & 1) * kTileBytes;
       v_half = kv + wg * 4 * kBlockBytes;
       const bool do_s = kPair ? (t & 1) == wg : wg == 0;
-      if (do_s) {
-        wgmma::reg_fence(s);
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < md::kLatent / 16; ++kk) {
-          const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-          wgmma::Ops<__nv_bfloat16>::ss_n64(s, wgmma::smem_desc(q_smem + off, 16, 1024),
-                                            wgmma::smem_desc(kv + off, 16, 1024));
-        }
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::reg_fence(s);
-      }
+      if (do_s) tile_scores(s, q_smem, kv);
       if (!kPair) {
         if (wg == 0) named_barrier::arrive<kThreads>(kBarS);
         else named_barrier::sync<kThreads>(kBarS);
       }
-      wgmma::reg_fence(o);
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < kKeys / 16; ++ks) {
-        wgmma::Ops<__nv_bfloat16>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
-                                              wgmma::smem_desc(v_half + ks * 16 * 128, kBlockBytes, 1024));
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::reg_fence(o);
+      tile_pv_half(o, p_smem, v_half);
     }
   }
   float x = 0.f;
@@ -445,32 +455,12 @@ __global__ void __launch_bounds__(384, 1) probe_pipe_mma(const Args a, const __g
       const char* kv = stages + s * kTileBytes;
       mbar::wait(&full[s], static_cast<uint32_t>(g >> 1) & 1u);
       if (wg == 0) {
-        wgmma::reg_fence(sacc);
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < md::kLatent / 16; ++kk) {
-          const int off = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-          wgmma::Ops<__nv_bfloat16>::ss_n64(sacc, wgmma::smem_desc(q_smem + off, 16, 1024),
-                                            wgmma::smem_desc(kv + off, 16, 1024));
-        }
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::reg_fence(sacc);
+        tile_scores(sacc, q_smem, kv);
         named_barrier::arrive<kThreads>(kBarS);
       } else {
         named_barrier::sync<kThreads>(kBarS);
       }
-      const char* v_half = kv + wg * 4 * kBlockBytes;
-      wgmma::reg_fence(o);
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < kKeys / 16; ++ks) {
-        wgmma::Ops<__nv_bfloat16>::ss_n256_tb(o, wgmma::smem_desc(p_smem + ks * 32, 16, 1024),
-                                              wgmma::smem_desc(v_half + ks * 16 * 128, kBlockBytes, 1024));
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::reg_fence(o);
+      tile_pv_half(o, p_smem, kv + wg * 4 * kBlockBytes);
       mbar::arrive(&empty[s]);
     }
   }
