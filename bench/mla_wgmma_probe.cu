@@ -79,18 +79,44 @@ __device__ __forceinline__ const char* row_src(const Args& a, const md::Segment&
   return a.cache + (static_cast<int64_t>(block) * kPage + pos % kPage) * md::kLatent * 2;
 }
 
+// Tile `tile` (kTK keys) of the segment by cp.async, 8 threads (t1 of 128) a row, into the kernel's
+// swizzled layout with column blocks of kTK rows; rows past kv_end zero-filled.
+template <int kTK = kKeys>
 __device__ __forceinline__ void issue_tile(const Args& a, const md::Segment& seg, int tile, int t1, char* stage) {
   const int sub = t1 & 7;
 #pragma unroll
-  for (int pass = 0; pass < 4; ++pass) {
+  for (int pass = 0; pass < kTK / 16; ++pass) {
     const int row = (t1 >> 3) + pass * 16;
-    const int pos = seg.kv_start + tile * kKeys + row;
+    const int pos = seg.kv_start + tile * kTK + row;
     const bool valid = pos < seg.kv_end;
     const char* src = (valid ? row_src(a, seg, pos) : a.cache) + sub * 16;
 #pragma unroll
-    for (int j = 0; j < kChunks / 8; ++j) cp_async_16(stage + swizzled_offset(row, sub + 8 * j), src + j * 128, valid);
+    for (int j = 0; j < kChunks / 8; ++j) {
+      const int chunk = sub + 8 * j;
+      cp_async_16(stage + (chunk >> 3) * (kTK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4), src + j * 128,
+                  valid);
+    }
   }
   cp_async_commit();
+}
+
+// The same tile by TMA from the calling thread: `bar` armed with its bytes, 9 tensor copies (one a
+// 64-column block; `map`'s boxes are kTK rows of the tile's page).
+template <int kTK = kKeys>
+__device__ __forceinline__ void issue_tile_tma(const Args& a, const md::Segment& seg, int tile, char* stage,
+                                               const CUtensorMap* map, uint64_t* bar) {
+  const int pos0 = seg.kv_start + tile * kTK;
+  const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos0 / kPage);
+  mbar::arrive_expect_tx(bar, kTK * md::kLatent * 2);
+#pragma unroll
+  for (int c = 0; c < md::kLatent / 64; ++c) tma::load_4d(stage + c * kTK * 128, map, c * 64, pos0 % kPage, block, 0, bar);
+}
+
+// A stand-in for a tile's compute: spins for `cycles` SM clocks.
+__device__ __forceinline__ void hold(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
 }
 
 __device__ __forceinline__ int tiles_of(const md::Segment& s) { return (s.kv_end - s.kv_start + kKeys - 1) / kKeys; }
@@ -109,11 +135,7 @@ __device__ __forceinline__ void prefetch_tile(const Args& a, const md::Segment& 
 // hold_cycles (a stand-in for the tile's compute) and releases its stage to WG1 (kBarFree).
 __device__ __forceinline__ uint32_t hold_and_release(const Args& a, const char* stages, int t, int n, int t1) {
   const uint32_t word = *reinterpret_cast<const uint32_t*>(stages + (t & 1) * kTileBytes + t1 * 16);
-  if (a.hold_cycles > 0) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < a.hold_cycles) {
-    }
-  }
+  if (a.hold_cycles > 0) hold(a.hold_cycles);
   if (t + 2 < n) named_barrier::arrive<kThreads>(kBarFree);
   return word;
 }
@@ -175,13 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_load_tma(const Args a, cons
   }
   __syncthreads();
   const auto issue = [&](const md::Segment& seg, int tile, int stage) {
-    const int pos = seg.kv_start + tile * kKeys;
-    const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos / kPage);
-    mbar::arrive_expect_tx(&full[stage], kTileBytes);
-#pragma unroll
-    for (int c = 0; c < md::kLatent / 64; ++c) {
-      tma::load_4d(stages + stage * kTileBytes + c * kBlockBytes, &map, c * 64, 0, block, 0, &full[stage]);
-    }
+    issue_tile_tma(a, seg, tile, stages + stage * kTileBytes, &map, &full[stage]);
   };
   uint32_t acc = 0, parity = 0;  // WG0: the phase parity of each stage's barrier, across segments
   for (int si = a.part_begin[part]; si < a.part_begin[part + 1]; ++si) {
@@ -241,40 +257,16 @@ __global__ void __launch_bounds__(kThreads, 1) probe_pipe(const Args a, const __
       char* stage = smem + s * kStageBytes;
       if (wg == 1) {
         if (g >= kStages) mbar::wait(&empty[s], phase ^ 1u);  // the stage's last reader is done
-        const int pos0 = seg.kv_start + t * kTK;
         if constexpr (kTma) {
-          if (t1 == 0) {
-            const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos0 / kPage);
-            mbar::arrive_expect_tx(&full[s], kStageBytes);
-#pragma unroll
-            for (int c = 0; c < md::kLatent / 64; ++c)
-              tma::load_4d(stage + c * kTK * 128, &map, c * 64, pos0 % kPage, block, 0, &full[s]);
-          }
+          if (t1 == 0) issue_tile_tma<kTK>(a, seg, t, stage, &map, &full[s]);
         } else {
-          const int sub = t1 & 7;
-#pragma unroll
-          for (int pass = 0; pass < kTK / 16; ++pass) {
-            const int row = (t1 >> 3) + pass * 16;
-            const int pos = pos0 + row;
-            const bool valid = pos < seg.kv_end;
-            const char* src = (valid ? row_src(a, seg, pos) : a.cache) + sub * 16;
-#pragma unroll
-            for (int j = 0; j < kChunks / 8; ++j) {
-              const int chunk = sub + 8 * j;
-              cp_async_16(stage + (chunk >> 3) * (kTK * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4),
-                          src + j * 128, valid);
-            }
-          }
+          issue_tile<kTK>(a, seg, t, t1, stage);
           mbar::arrive_on_copies(&full[s]);
         }
       } else {
         mbar::wait(&full[s], phase);
         acc += *reinterpret_cast<const uint32_t*>(stage + t1 * 16);
-        if (a.hold_cycles > 0) {
-          const long long c0 = clock64();
-          while (clock64() - c0 < a.hold_cycles) {
-          }
-        }
+        if (a.hold_cycles > 0) hold(a.hold_cycles);
         mbar::arrive(&empty[s]);
       }
     }
@@ -318,6 +310,17 @@ __device__ __forceinline__ void tile_pv_half(float (&o)[128], const char* p_smem
   wgmma::wait<0>();
   wgmma::reg_fence(o);
 #endif
+}
+
+// Keeps the accumulators (and so the MMAs) from being optimized away: a write only for an
+// impossible sum.
+__device__ __forceinline__ void keep_alive(const Args& a, const float (&s)[32], const float (&o)[128]) {
+  float x = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) x += s[i];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) x += o[i];
+  if (x == 1234.5f) atomicAdd(a.sink, 1ull);
 }
 
 // `mma` (kPair false) and `mma-pair` (kPair true): the tensor work alone over the part's tiles.
@@ -364,12 +367,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_mma(const Args a) {
       tile_pv_half(o, p_smem, v_half);
     }
   }
-  float x = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) x += s[i];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) x += o[i];
-  if (x == 1234.5f) atomicAdd(a.sink, 1ull);
+  keep_alive(a, s, o);
 #endif
 }
 
@@ -421,15 +419,8 @@ __global__ void __launch_bounds__(384, 1) probe_pipe_mma(const Args a, const __g
         const int s = g & 1;
         char* kv = stages + s * kTileBytes;
         if (g >= 2) mbar::wait(&empty[s], (static_cast<uint32_t>(g >> 1) & 1u) ^ 1u);
-        const int pos0 = seg.kv_start + t * kKeys;
         if constexpr (kTma) {
-          if (t1 == 0) {
-            const int block = __ldg(a.table + static_cast<int64_t>(seg.request) * a.cols + pos0 / kPage);
-            mbar::arrive_expect_tx(&full[s], kTileBytes);
-#pragma unroll
-            for (int c = 0; c < md::kLatent / 64; ++c)
-              tma::load_4d(kv + c * kBlockBytes, &map, c * 64, pos0 % kPage, block, 0, &full[s]);
-          }
+          if (t1 == 0) issue_tile_tma(a, seg, t, kv, &map, &full[s]);
         } else {
           issue_tile(a, seg, t, t1, kv);
           mbar::arrive_on_copies(&full[s]);
@@ -464,12 +455,7 @@ __global__ void __launch_bounds__(384, 1) probe_pipe_mma(const Args a, const __g
       mbar::arrive(&empty[s]);
     }
   }
-  float x = 0.f;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) x += sacc[i];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) x += o[i];
-  if (x == 1234.5f) atomicAdd(a.sink, 1ull);
+  keep_alive(a, sacc, o);
 #endif
 }
 

@@ -555,6 +555,9 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) 
     }
   }
   T* dst = static_cast<T*>(p.out) + at.token * p.o_token_stride + at.head * p.o_head_stride;
+  float* lse_dst =
+      p.lse != nullptr ? p.lse + at.head * p.lse_head_stride + static_cast<int64_t>(at.token) * p.lse_token_stride
+                       : nullptr;
   if (!wide) {
     const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
 #pragma unroll
@@ -564,9 +567,7 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) 
       packed.y = Mma<T>::pack(acc[4 * i + 2] * inv, acc[4 * i + 3] * inv);
       *reinterpret_cast<uint2*>(dst + i * 128 + lane * 4) = packed;
     }
-    if (lane == 0 && p.lse != nullptr) {
-      p.lse[at.head * p.lse_head_stride + static_cast<int64_t>(at.token) * p.lse_token_stride] = lse_natural(base, wsum);
-    }
+    if (lane == 0 && lse_dst != nullptr) *lse_dst = lse_natural(base, wsum);
     return;
   }
 #pragma unroll
@@ -586,9 +587,7 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(const DecodeParams p) 
   }
   const float inv = w > 0.f ? 1.f / w : 0.f;
   *reinterpret_cast<uint32_t*>(dst + c) = Mma<T>::pack(o0 * inv, o1 * inv);
-  if (threadIdx.x == 0 && p.lse != nullptr) {
-    p.lse[at.head * p.lse_head_stride + static_cast<int64_t>(at.token) * p.lse_token_stride] = lse_natural(base, w);
-  }
+  if (threadIdx.x == 0 && lse_dst != nullptr) *lse_dst = lse_natural(base, w);
 }
 
 template <class C, typename T, bool kFp8>

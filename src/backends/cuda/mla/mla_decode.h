@@ -146,8 +146,8 @@ struct DecodeParams {
 
 // cache_dtype: f16/bf16 (must equal activation) or fp8_e4m3/e5m2. Enqueues `kernel` (num_parts *
 // row tiles CTAs) and, unless combine is none, the combine kernel (its grid sized for `combine`:
-// plan_combine of the plan, or wide); Error when `kernel` cannot run this cache (wgmma: 16-bit
-// caches only).
+// plan_combine of the plan, narrow for a captured graph); Error when `kernel` cannot run this cache
+// (wgmma: 16-bit caches only).
 void launch_decode(const DecodeParams& params, DType activation, DType cache_dtype, DecodeKernel kernel,
                    int num_parts, Combine combine, void* stream);
 
