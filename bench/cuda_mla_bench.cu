@@ -124,7 +124,7 @@ Row bench_decode(int heads, int batch, int context, const Ceilings& ceil, cublas
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const md::Plan plan = md::make_plan(seqs, token_requests ? std::vector<int32_t>{} : qsl,
-                                      std::max(1, sms / md::row_tiles(kernel, rows_per_request)));
+                                      std::max(1, sms / md::row_tiles(kernel, rows_per_request)), kernel);
 
   // Device plan + block tables (one per rotation, disjoint blocks, random permutations; a row per
   // kernel request: token_requests gives each token its request's row).

@@ -510,7 +510,7 @@ int main(int argc, char** argv) {
   const double tile_bytes = 64.0 * md::kLatent * 2;
   const double tile_flops = 2.0 * kRows * kKeys * (md::kLatent + md::kValue);  // a CTA's S and P.V of a tile
   for (int row_tiles : {2, 1}) {
-    const md::Plan plan = md::make_plan(seqs, {}, std::max(1, sms / row_tiles));
+    const md::Plan plan = md::make_plan(seqs, {}, std::max(1, sms / row_tiles), md::DecodeKernel::wgmma);
     md::Segment* seg_d = nullptr;
     int32_t* part_d = nullptr;
     BENCH_CUDA(cudaMalloc(&seg_d, plan.segments.size() * sizeof(md::Segment)));

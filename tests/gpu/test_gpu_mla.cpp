@@ -285,8 +285,12 @@ void run_decode_case(const DecodeCase& c, uint64_t seed) {
     }
   }
 
-  const md::Plan plan = md::make_plan(c.seq_lens, c.query_lens.empty() ? std::vector<int32_t>{} : qsl, c.parts);
+  int tokens = 1;  // the plan's tokens_per_request: the largest q
+  for (const int32_t q_len : c.query_lens) tokens = std::max<int>(tokens, q_len);
+  const md::DecodeKernel kernel = md::resolve_decode_kernel(tokens * h, c.cache);
+  const md::Plan plan = md::make_plan(c.seq_lens, c.query_lens.empty() ? std::vector<int32_t>{} : qsl, c.parts, kernel);
   ASSERT_LE(plan.num_parts, c.parts);
+  ASSERT_EQ(plan.tokens_per_request, tokens);
   const int rows = plan.tokens_per_request * h;  // rows of a request
   const Tensor q_d = to_dev(q), cache_d = to_dev(cache);
   const Tensor bt_d = i32_tensor(req_bt, Device::cuda, Shape{nr, cols});
@@ -332,7 +336,6 @@ void run_decode_case(const DecodeCase& c, uint64_t seed) {
   p.tokens_per_request = plan.tokens_per_request;
   p.scale_log2 = scale * k_scale * 1.4426950408889634f;
   p.out_scale = k_scale;
-  const md::DecodeKernel kernel = md::resolve_decode_kernel(rows, c.cache);
   SCOPED_TRACE(detail::concat("kernel ", static_cast<int>(kernel), ", ", rows, " rows a request"));
   md::launch_decode(p, c.act, c.cache, kernel, plan.num_parts, md::plan_combine(plan), current_cuda_stream());
   const Tensor got = to_host(out), got_lse = to_host(lse);
@@ -429,7 +432,7 @@ TEST(CudaMlaDecode, PlanBalancesParts) {
   // Pure host: every key of every request lands in exactly one segment, parts <= requested.
   for (const int parts : {1, 3, 66, 132}) {
     const std::vector<int32_t> seqs = {0, 1, 4096, 64, 65, 9000, 3};
-    const md::Plan plan = md::make_plan(seqs, {}, parts);
+    const md::Plan plan = md::make_plan(seqs, {}, parts, md::DecodeKernel::wgmma);
     ASSERT_LE(plan.num_parts, parts);
     ASSERT_EQ(plan.part_begin.size(), static_cast<size_t>(plan.num_parts) + 1);
     ASSERT_LE(plan.segments.size(), static_cast<size_t>(md::max_segments(7, parts)));
@@ -473,6 +476,53 @@ TEST(CudaMlaDecode, PlanBalancesParts) {
   }
 }
 
+// Pure host: make_plan keeps the cheaper of its two partitions under plan_cost. Many equal
+// requests that fill every part stay whole (128 x 4k over 66 parts: 132 tiles a part against the
+// balanced 130 plus its cut requests' slots); fewer requests than parts, or one long request, are
+// cut; what a cut costs grows with a CTA's rows (a 64-row slot prices 3.6 tiles, a 16-row one 0.9).
+TEST(CudaMlaDecode, PlanKeepsRequestsWholeWhereCutsOnlyEvenTheTail) {
+  const auto cuts = [](const md::Plan& plan) {
+    int n = 0;
+    for (const md::DecodeRequest& r : plan.requests) n += r.num_splits > 1;
+    return n;
+  };
+  const auto covered_once = [](const md::Plan& plan, const std::vector<int32_t>& seqs) {
+    std::vector<int64_t> covered(seqs.size(), 0);
+    for (const md::Segment& s : plan.segments) covered[s.request] += s.kv_end - s.kv_start;
+    for (size_t r = 0; r < seqs.size(); ++r) {
+      if (covered[r] != seqs[r]) return false;
+    }
+    return static_cast<int>(plan.part_begin.size()) == plan.num_parts + 1 && plan.part_begin.back() ==
+                                                                                static_cast<int32_t>(plan.segments.size());
+  };
+  const std::vector<int32_t> b128(128, 4096), b96(96, 4096), b32(32, 4096), b1(1, 4096);
+  const md::Plan whole = md::make_plan(b128, {}, 66, md::DecodeKernel::wgmma);
+  EXPECT_TRUE(covered_once(whole, b128));
+  EXPECT_FALSE(whole.any_split);
+  EXPECT_EQ(whole.num_parts, 66);
+  EXPECT_EQ(whole.segments.size(), 128u);
+  EXPECT_EQ(md::plan_combine(whole), md::Combine::none);
+  EXPECT_DOUBLE_EQ(md::plan_cost(whole, md::DecodeKernel::wgmma), 2 * (64 + 2));
+  for (const auto* seqs : {&b96, &b32, &b1}) {
+    const md::Plan cut = md::make_plan(*seqs, {}, 66, md::DecodeKernel::wgmma);
+    EXPECT_TRUE(covered_once(cut, *seqs));
+    EXPECT_GT(cuts(cut), 0) << seqs->size() << " requests";
+    EXPECT_LT(md::plan_cost(cut, md::DecodeKernel::wgmma), 2 * (64 + 2)) << seqs->size() << " requests";
+  }
+  // A 16-row slot is cheaper: 126 x 4k over 66 parts stay whole for 64-row CTAs (132 tiles against
+  // the balanced 128 plus 120 slots of 3.6 tiles over 66 parts) and are cut for 16-row ones.
+  const std::vector<int32_t> b126(126, 4096);
+  EXPECT_EQ(cuts(md::make_plan(b126, {}, 66, md::DecodeKernel::wgmma)), 0);
+  EXPECT_GT(cuts(md::make_plan(b126, {}, 66, md::DecodeKernel::mma_16_rows)), 0);
+  // Mixed lengths: whole requests longest first, each to the least loaded part (8 x 4k two a
+  // part, then the 128- and 64-key requests on two of them).
+  const std::vector<int32_t> mixed = {4096, 64, 4096, 4096, 128, 4096, 4096, 4096, 4096, 4096};
+  const md::Plan m = md::make_plan(mixed, {}, 4, md::DecodeKernel::wgmma);
+  EXPECT_TRUE(covered_once(m, mixed));
+  EXPECT_FALSE(m.any_split);
+  EXPECT_DOUBLE_EQ(md::plan_cost(m, md::DecodeKernel::wgmma), 2 * (64 + 2) + 2 + 2);
+}
+
 // Pure host: a speculative decode is one request of the plan (its tokens are the kernel's rows):
 // the plan's requests carry each one's tokens and keys, tokens_per_request is the largest q, every
 // key of a request lies in exactly one segment, and bad query_start_loc is an Error naming it.
@@ -482,7 +532,7 @@ TEST(CudaMlaDecode, PlanTakesSpeculativeDecodesAsRequests) {
   for (const int parts : {1, 4, 132}) {
     for (const bool fixed : {false, true}) {
       const md::Plan plan = fixed ? md::make_fixed_plan(seqs, qsl, md::kBatchInvariantSplitTiles, parts)
-                                  : md::make_plan(seqs, qsl, parts);
+                                  : md::make_plan(seqs, qsl, parts, md::DecodeKernel::wgmma);
       ASSERT_LE(plan.num_parts, parts);
       EXPECT_EQ(plan.tokens_per_request, 3);
       ASSERT_EQ(plan.requests.size(), seqs.size());
@@ -504,7 +554,7 @@ TEST(CudaMlaDecode, PlanTakesSpeculativeDecodesAsRequests) {
   }
   const auto plan_error = [&](const std::vector<int32_t>& bad) {
     try {
-      (void)md::make_plan(seqs, bad, 4);
+      (void)md::make_plan(seqs, bad, 4, md::DecodeKernel::wgmma);
     } catch (const Error& e) {
       return std::string(e.argument());
     }

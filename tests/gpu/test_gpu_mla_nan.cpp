@@ -395,7 +395,7 @@ std::string decode_splits(const Scenario& s, int heads, DType cache_dtype) {
   for (const auto& [ctx, q] : s.batch) {
     if (q == 1) seq_lens.push_back(ctx + 1);  // decodes come first
   }
-  const md::Plan plan = md::make_plan(seq_lens, {}, std::max(1, sms / md::row_tiles(kernel, heads)));
+  const md::Plan plan = md::make_plan(seq_lens, {}, std::max(1, sms / md::row_tiles(kernel, heads)), kernel);
   std::string text;
   for (const md::DecodeRequest& sp : plan.requests) text += (text.empty() ? "" : ",") + std::to_string(sp.num_splits);
   return text;

@@ -143,7 +143,7 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
     const md::Plan plan =
         config_.batch_invariant
             ? md::make_fixed_plan(m.decode.seq_lens, qsl, md::kBatchInvariantSplitTiles, parts)
-            : md::make_plan(m.decode.seq_lens, qsl, parts);
+            : md::make_plan(m.decode.seq_lens, qsl, parts, kernel);
     PAGEDATTN_CHECK(plan.num_parts <= parts && static_cast<int64_t>(plan.segments.size()) <= max_segments_ &&
                         int64_t{plan.num_partial_slots} * tokens * config_.num_heads <= max_partial_rows_ &&
                         plan.tokens_per_request == tokens,

@@ -76,10 +76,6 @@ inline Combine plan_combine(const Plan& plan) {
 inline int64_t max_segments(int64_t max_requests, int64_t max_parts) { return max_requests + max_parts; }
 inline int64_t max_partial_slots(int64_t max_parts) { return 2 * max_parts; }
 
-// seq_lens (num_requests,) >= 0: the keys of each request's last token; query_start_loc
-// (num_requests + 1,) from 0, each request >= 1 token, or empty: one token each; num_parts >= 1.
-Plan make_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc, int num_parts);
-
 // Batch-invariant plans (BuilderConfig::batch_invariant): each request cut in segments of
 // split_tiles tiles from key 0 (the last shorter), whatever the batch and the SM count, so what a
 // segment computes and how its request's slots merge depend on the request alone; the segments are
@@ -109,6 +105,17 @@ enum class DecodeKernel : int32_t { mma_16_rows, mma_64_rows, wgmma };
 // Rows of one CTA of `kernel`, and the CTAs (row tiles) of a request of `rows` rows.
 constexpr int rows_per_cta(DecodeKernel kernel) { return kernel == DecodeKernel::mma_16_rows ? 16 : 64; }
 constexpr int row_tiles(DecodeKernel kernel, int rows) { return (rows + rows_per_cta(kernel) - 1) / rows_per_cta(kernel); }
+
+// The split-KV partition for `kernel`'s CTAs (mla_decode_plan.cpp): the cheaper under plan_cost of
+// a balanced partition (requests cut at part boundaries) and whole requests dealt longest first.
+// seq_lens (num_requests,) >= 0: the keys of each request's last token; query_start_loc
+// (num_requests + 1,) from 0, each request >= 1 token, or empty: one token each; num_parts >= 1.
+Plan make_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc, int num_parts,
+               DecodeKernel kernel);
+// A plan's cost in tile units (a CTA's 64-key tile of `kernel`): its most loaded part (tiles +
+// kSegmentOverhead a segment) plus, with a cut request, its partial slots' write and combine read
+// spread over the parts and the combine's launch.
+double plan_cost(const Plan& plan, DecodeKernel kernel);
 
 // The kernel for requests of `rows` rows (tokens_per_request * num_heads) and the cache's storage
 // dtype (pure). wgmma_image: the device loads the wgmma kernel's sm_90a image

@@ -1,14 +1,28 @@
-// Host planning of the CUDA_MLA decode (mla_decode.h): the decode kernel and the balanced split-KV
+// Host planning of the CUDA_MLA decode (mla_decode.h): the decode kernel and the split-KV
 // partition.
 //
 // Cost of a segment = its 64-key tiles + kSegmentOverhead (Q load, pipeline fill, epilogue,
-// in tile units). The requests' tiles are laid end to end; part p receives about
-// ceil((tiles + overhead * (requests + parts)) / num_parts) of it; a request crossing a part boundary is cut there (at a tile
-// boundary), so every CTA gets the same amount of work whatever the mix of lengths, and a
-// single long request is spread over every part. Pure host code, O(num_requests + num_parts).
+// in tile units). Two candidate partitions:
+//   balanced  the requests' tiles laid end to end; part p receives about
+//             ceil((tiles + overhead * (requests + parts)) / num_parts) of it; a request crossing
+//             a part boundary is cut there (at a tile boundary), so every CTA gets the same amount
+//             of work whatever the mix of lengths, and a single long request is spread over every
+//             part;
+//   whole     no cut: whole requests, longest first, each to the least loaded part (LPT).
+// A cut is not free: each segment of a cut request writes a slot of f32 partial rows that the
+// combine reads back after the decode. make_plan prices both (plan_cost) and keeps the cheaper:
+// the balanced one wins where it spreads a few requests over idle parts (one long request, fewer
+// requests than parts); the whole one where many requests fill every part and cutting only evens
+// out the last few tiles (128 requests of 4k keys over 66 parts: 132 tiles a part against 130,
+// while the cuts would write and merge 128 slots). Pure host code, O(n log n + num_parts).
 // Batch-invariant plans (make_fixed_plan): fixed 2048-key segments per request instead.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <numeric>
+#include <queue>
+#include <utility>
+#include <vector>
 
 #include "backends/cuda/mla/mla_decode.h"
 #include "pagedattn/error.h"
@@ -16,6 +30,10 @@
 namespace pagedattn::cuda::mla_decode {
 namespace {
 constexpr int64_t kSegmentOverhead = 2;
+// The combine's launch and tail, in tile units: paid once by a plan with a cut request.
+constexpr double kCombineTiles = 1.0;
+
+int64_t tiles_of(int64_t keys) { return (keys + kKeysPerTile - 1) / kKeysPerTile; }
 
 // The plan's requests (their tokens and keys, unsplit) from seq_lens and query_start_loc.
 void add_requests(Plan& plan, std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc) {
@@ -49,8 +67,9 @@ DecodeKernel select_decode_kernel(MlaDecodeKernelChoice choice, int rows, DType 
   return rows <= 32 ? DecodeKernel::mma_16_rows : DecodeKernel::mma_64_rows;
 }
 
-Plan make_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc, int num_parts) {
-  PAGEDATTN_CHECK(num_parts >= 1, "num_parts", "CUDA_MLA plan: num_parts = ", num_parts, " must be >= 1");
+namespace {
+// The balanced partition (the top comment).
+Plan make_balanced_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc, int num_parts) {
   Plan plan;
   const int n = static_cast<int>(seq_lens.size());
   add_requests(plan, seq_lens, query_start_loc);
@@ -120,6 +139,62 @@ Plan make_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query
   }
   plan.num_partial_slots = slot;
   return plan;
+}
+
+// Whole requests, longest first (ties: the lower index), each to the least loaded part (ties: the
+// lower part); a part's segments in request order; parts left empty are dropped.
+Plan make_whole_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc, int num_parts) {
+  Plan plan;
+  const int n = static_cast<int>(seq_lens.size());
+  add_requests(plan, seq_lens, query_start_loc);
+  std::vector<int> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return seq_lens[a] > seq_lens[b]; });
+  using Load = std::pair<int64_t, int>;  // (cost, part)
+  std::priority_queue<Load, std::vector<Load>, std::greater<>> least;
+  for (int pi = 0; pi < num_parts; ++pi) least.emplace(0, pi);
+  std::vector<std::vector<int>> members(static_cast<size_t>(num_parts));
+  for (const int r : order) {
+    auto [cost, pi] = least.top();
+    least.pop();
+    members[pi].push_back(r);
+    least.emplace(cost + tiles_of(seq_lens[r]) + kSegmentOverhead, pi);
+  }
+  plan.part_begin.push_back(0);
+  for (std::vector<int>& part : members) {
+    if (part.empty()) continue;
+    std::sort(part.begin(), part.end());
+    for (const int r : part) plan.segments.push_back(Segment{r, 0, seq_lens[r], -1});
+    plan.part_begin.push_back(static_cast<int32_t>(plan.segments.size()));
+  }
+  plan.num_parts = static_cast<int>(plan.part_begin.size()) - 1;
+  return plan;
+}
+}  // namespace
+
+double plan_cost(const Plan& plan, DecodeKernel kernel) {
+  int64_t worst = 0;
+  for (int pi = 0; pi < plan.num_parts; ++pi) {
+    int64_t load = 0;
+    for (int si = plan.part_begin[pi]; si < plan.part_begin[pi + 1]; ++si) {
+      load += tiles_of(plan.segments[si].kv_end - plan.segments[si].kv_start) + kSegmentOverhead;
+    }
+    worst = std::max(worst, load);
+  }
+  if (!plan.any_split) return static_cast<double>(worst);
+  // A slot: rows_per_cta x 512 f32 written, then read by the combine, against a 16-bit tile's
+  // 64 x 576 x 2 bytes; the slots' traffic is spread over the parts.
+  const double slot_tiles = rows_per_cta(kernel) * kValue * 4.0 * 2.0 / (kKeysPerTile * kLatent * 2.0);
+  return static_cast<double>(worst) + plan.num_partial_slots * slot_tiles / plan.num_parts + kCombineTiles;
+}
+
+Plan make_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc, int num_parts,
+               DecodeKernel kernel) {
+  PAGEDATTN_CHECK(num_parts >= 1, "num_parts", "CUDA_MLA plan: num_parts = ", num_parts, " must be >= 1");
+  Plan balanced = make_balanced_plan(seq_lens, query_start_loc, num_parts);
+  if (!balanced.any_split) return balanced;
+  Plan whole = make_whole_plan(seq_lens, query_start_loc, num_parts);
+  return plan_cost(whole, kernel) <= plan_cost(balanced, kernel) ? whole : balanced;
 }
 
 Plan make_fixed_plan(std::span<const int32_t> seq_lens, std::span<const int32_t> query_start_loc, int split_tiles,
