@@ -35,6 +35,16 @@ __device__ __forceinline__ int row_key_end(const DecodeParams& p, const DecodeRe
   return at.valid ? min(kv_end, causal_end(req, at.t)) : kv_end;
 }
 
+// The 16-bit Q row of request row `row` (an idle row: a valid address, `valid` false: the loads
+// zero-fill it).
+__device__ __forceinline__ const char* q_row(const DecodeParams& p, const DecodeRequest& req, int row, bool& valid) {
+  const RowPlace at = row_place(p, req, row);
+  valid = at.valid;
+  return static_cast<const char*>(p.q) +
+         (static_cast<int64_t>(at.valid ? at.token : 0) * p.q_token_stride + static_cast<int64_t>(at.head) * p.q_head_stride) *
+             2;
+}
+
 // Row of the partial buffers (o: x 512 floats; LSE) of request row `row` in slot `slot`.
 __device__ __forceinline__ int64_t partial_row(const DecodeParams& p, int slot, int row) {
   return static_cast<int64_t>(slot) * p.tokens_per_request * p.num_heads + row;

@@ -187,11 +187,9 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, const DecodeReques
                                        int tid) {
   for (int idx = tid; idx < kRows * kChunks; idx += kCount) {
     const int row = idx / kChunks, chunk = idx - row * kChunks;
-    const RowPlace at = row_place(p, req, r0 + row);
-    const char* src = static_cast<const char*>(p.q) +
-                      (static_cast<int64_t>(at.valid ? at.token : 0) * p.q_token_stride +
-                       static_cast<int64_t>(at.head) * p.q_head_stride) * 2 + chunk * 16;
-    cp_async_16(q_smem + swizzled_offset(row, chunk), src, at.valid);
+    bool valid;
+    const char* src = q_row(p, req, r0 + row, valid) + chunk * 16;
+    cp_async_16(q_smem + swizzled_offset(row, chunk), src, valid);
   }
   cp_async_commit();
 }
