@@ -127,9 +127,9 @@ class CudaMlaMetadataBuilder final : public mla::MLACommonMetadataBuilder {
  protected:
   std::shared_ptr<MLAMetadata> make_metadata() const override { return std::make_shared<CudaMlaMetadata>(); }
 
-  // fast_build changes nothing here: the balanced partition is one O(num_requests + parts) pass
-  // (make_plan), with no search to skip, and MLA has no cascade. Batch-invariant builders: the
-  // fixed segments of make_fixed_plan.
+  // fast_build changes nothing here: make_plan prices two partitions (balanced, and whole
+  // requests when the balanced one cuts), O(n log n + parts) host work with no search to skip, and
+  // MLA has no cascade. Batch-invariant builders: the fixed segments of make_fixed_plan.
   void plan_decode(MLAMetadata& metadata, const CommonAttentionMetadata& /*common*/,
                    bool /*fast_build*/) override {
     auto& m = static_cast<CudaMlaMetadata&>(metadata);
