@@ -374,6 +374,10 @@ TEST(CudaMlaDecode, KernelMatchesOracle) {
       {128, DType::bf16, DType::bf16, 16, 132, {2100, 65, 333}},
       {64, DType::f16, DType::f16, 64, 5, {777, 64}},
       {96, DType::bf16, DType::bf16, 16, 7, {450, 31}},           // second head tile half empty
+      // make_plan's whole-request partition (longest first to the least loaded part): parts of
+      // non-adjacent requests ({0, 1}, {4, 5}, {2, 6}, {3, 7}); and an e5m2 cache with cut requests.
+      {128, DType::bf16, DType::bf16, 64, 4, {700, 100, 650, 640, 90, 660, 80, 600}},
+      {128, DType::bf16, DType::fp8_e5m2, 64, 66, {400, 129, 1300}},
       // Speculative decodes: a request's q tokens are its rows (t * H + h), each with its own
       // causal end; unequal q leaves rows of the shorter requests idle.
       {16, DType::bf16, DType::bf16, 64, 132, {777, 2100, 65}, {2, 2, 2}},     // 32 rows: wgmma (sm_90a)
