@@ -75,7 +75,7 @@ Plan make_balanced_plan(std::span<const int32_t> seq_lens, std::span<const int32
   add_requests(plan, seq_lens, query_start_loc);
   if (n == 0) return plan;
   int64_t tiles_total = 0;
-  for (int32_t s : seq_lens) tiles_total += (s + kKeysPerTile - 1) / kKeysPerTile;
+  for (int32_t s : seq_lens) tiles_total += tiles_of(s);
   // At most num_requests + num_parts segments, each paying the overhead: with this budget the
   // greedy fill below fits in num_parts parts (the last part's catch-all only absorbs rounding).
   const int64_t total = tiles_total + kSegmentOverhead * (n + num_parts);
@@ -91,7 +91,7 @@ Plan make_balanced_plan(std::span<const int32_t> seq_lens, std::span<const int32
   };
   std::vector<int> segments_of(static_cast<size_t>(n), 0);
   for (int r = 0; r < n; ++r) {
-    const int64_t tiles = (seq_lens[r] + kKeysPerTile - 1) / kKeysPerTile;
+    const int64_t tiles = tiles_of(seq_lens[r]);
     int64_t done = 0;
     while (true) {
       const int64_t rest = tiles - done;
@@ -209,7 +209,7 @@ Plan make_fixed_plan(std::span<const int32_t> seq_lens, std::span<const int32_t>
   int64_t total = 0;
   int slot = 0;
   for (int r = 0; r < n; ++r) {
-    const int64_t tiles = (seq_lens[r] + kKeysPerTile - 1) / kKeysPerTile;
+    const int64_t tiles = tiles_of(seq_lens[r]);
     const int64_t count = std::max<int64_t>(1, (tiles + split_tiles - 1) / split_tiles);
     if (count > 1) {
       plan.requests[r].num_splits = static_cast<int32_t>(count);
@@ -234,7 +234,7 @@ Plan make_fixed_plan(std::span<const int32_t> seq_lens, std::span<const int32_t>
   int64_t load = 0;
   for (size_t i = 0; i < plan.segments.size(); ++i) {
     const Segment& seg = plan.segments[i];
-    const int64_t cost = (seg.kv_end - seg.kv_start + kKeysPerTile - 1) / kKeysPerTile + kSegmentOverhead;
+    const int64_t cost = tiles_of(seg.kv_end - seg.kv_start) + kSegmentOverhead;
     if (load > 0 && load + cost > budget && static_cast<int>(plan.part_begin.size()) < num_parts) {
       plan.part_begin.push_back(static_cast<int32_t>(i));
       load = 0;

@@ -180,12 +180,10 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Q of the CTA's 64 rows to shared memory (cp.async; idle rows read as zeros), by kCount threads
-// from thread `tid`; committed, not waited for.
-template <int kCount>
-__device__ __forceinline__ void load_q(const DecodeParams& p, const DecodeRequest& req, int r0, char* q_smem,
-                                       int tid) {
-  for (int idx = tid; idx < kRows * kChunks; idx += kCount) {
+// Q of the CTA's 64 rows to shared memory (cp.async; idle rows read as zeros), by the two MMA
+// warpgroups (threads 0-255); committed, not waited for.
+__device__ __forceinline__ void load_q(const DecodeParams& p, const DecodeRequest& req, int r0, char* q_smem) {
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
     const int row = idx / kChunks, chunk = idx - row * kChunks;
     bool valid;
     const char* src = q_row(p, req, r0 + row, valid) + chunk * 16;
@@ -396,7 +394,7 @@ __global__ void __launch_bounds__(kThreads16, 1) mla_decode_wgmma_kernel(const D
     const int num_tiles = tile_count(seg);
     // Keys from mask_from on are masked for some row (each row past its own causal end).
     const int mask_from = min(seg.kv_end, causal_end(req, 0));
-    load_q<kThreads>(p, req, r0, q_smem, threadIdx.x);
+    load_q(p, req, r0, q_smem);
     cp_async_wait<0>();
     wgmma::fence_async_smem();
     named_barrier::sync<kThreads>(kBarMma);  // Q visible to both MMA warpgroups
@@ -482,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_fp8_kernel(const
     const int num_tiles = tile_count(seg);
     const int mask_from = min(seg.kv_end, causal_end(req, 0));
     // Prologue: Q by all threads, raw tiles 0 and 1 by WG1.
-    load_q<kThreads>(p, req, r0, q_smem, threadIdx.x);
+    load_q(p, req, r0, q_smem);
     int64_t offsets[kCopyPasses];
     if (wg == 1) {
       for (int t = 0; t < 2; ++t) {
