@@ -96,6 +96,24 @@ __device__ __forceinline__ float fma_exp2(float x) {
   return poly * __int_as_float(__float_as_int(r) << 23);
 }
 
+// Programmatic dependent launch (sm_90+; no-ops below it and for a grid launched without the
+// attribute): a kernel lets the grid launched after it with programmatic stream serialization be
+// scheduled (launch_dependents: one thread of each CTA suffices), and that grid waits for the
+// whole kernel before it reads what the kernel wrote (wait_for_prerequisites: every write of the
+// prerequisite grid is visible after it).
+namespace pdl {
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+}  // namespace pdl
+
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 __device__ __forceinline__ float neg_inf() { return -__int_as_float(0x7f800000); }

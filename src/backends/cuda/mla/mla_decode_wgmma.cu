@@ -350,6 +350,7 @@ __global__ void __launch_bounds__(kThreads16, 1) mla_decode_wgmma_kernel(const D
   uint64_t* full = reinterpret_cast<uint64_t*>(row_max + kRows);   // (2,) a stage's copies landed
   uint64_t* empty = full + 2;                                      // (2,) a stage's last reader done
 
+  pdl::launch_dependents();  // the combine's CTAs may be scheduled (they wait for this grid)
   const int part = blockIdx.x / row_tiles;
   const int r0 = (blockIdx.x - part * row_tiles) * kRows;  // the CTA's first row of a request
   const int wg = threadIdx.x >> 7;                         // 0: S + softmax + O[:, :256); 1: O[:, 256:); 2: copies
@@ -465,6 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_wgmma_fp8_kernel(const
   float* row_max = row_sum + kRows;                                // (64,) epilogue: final maxima (log2)
   static_assert(2 * kRawTileBytes <= kTileBytes);
 
+  pdl::launch_dependents();  // the combine's CTAs may be scheduled (they wait for this grid)
   const int part = blockIdx.x / row_tiles;
   const int r0 = (blockIdx.x - part * row_tiles) * kRows;  // the CTA's first row of a request
   const int wg = threadIdx.x >> 7;                         // 0: S + softmax + O[:, :256); 1: loads + O[:, 256:)
