@@ -77,4 +77,23 @@ bool wgmma_kernels_available() {
   return (available.load() & bit) != 0;
 }
 
+bool programmatic_launch_supported() {
+  static std::atomic<uint64_t> known{0}, supported{0};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((known.load() & bit) == 0) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
+    if (major >= 9) supported.fetch_or(bit);
+    known.fetch_or(bit);
+  }
+  return (supported.load() & bit) != 0;
+}
+
 }  // namespace pagedattn::cuda

@@ -37,8 +37,8 @@
 // FLOP per byte, memory-bound), or 2 * H * seq * (576 + 512) FLOPs / MMA rate (128 heads: 242 FLOP
 // per byte, above Hopper's ridge point).
 // Split requests: their segments' f32 partials are merged by mla_combine_kernel, launched on sm_90+
-// as the decode kernel's programmatic dependent (launch_combine), so it ramps while the decode's
-// last CTAs run.
+// as the decode kernel's programmatic dependent (programmatic_launch.cuh), so it ramps while the
+// decode's last CTAs run.
 // The mma.sync operands are read from shared memory by ldmatrix; at 64 rows a tile reads about
 // 570 KB of shared memory per 8.9 MFLOP, which bounds this kernel near half the wgmma rate
 // (measured: docs/perf/mla.md).
@@ -56,6 +56,7 @@
 #include "backends/cuda/common/async_primitives.cuh"
 #include "backends/cuda/common/device_primitives.cuh"
 #include "backends/cuda/common/device_runtime.h"
+#include "backends/cuda/common/programmatic_launch.cuh"
 #include "backends/cuda/mla/mla_decode.h"
 #include "backends/cuda/mla/mla_decode_rows.cuh"
 #include "backends/cuda/mla/mla_decode_wgmma.h"
@@ -630,35 +631,6 @@ using Cfg64 = Cfg<1, 2, 2, 64, 2, kFp8>;
 static_assert(Cfg16<false>::kRows == rows_per_cta(DecodeKernel::mma_16_rows) &&
               Cfg64<false>::kRows == rows_per_cta(DecodeKernel::mma_64_rows));
 
-// The combine kernel, launched on sm_90+ devices with programmatic stream serialization: its CTAs
-// are scheduled on the SMs the decode kernel's CTAs leave (the decode kernels let them at their
-// start, pdl::launch_dependents), so its launch and ramp overlap the decode's tail; it reads the
-// partials after pdl::wait_for_prerequisites. Below sm_90 an ordinary stream-ordered launch.
-void launch_combine(void (*kernel)(DecodeParams), dim3 grid, const DecodeParams& params, cudaStream_t stream) {
-  static std::atomic<uint64_t> known{0}, programmatic{0};  // per device (bit = device & 63)
-  int device = 0;
-  cudaGetDevice(&device);
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((known.load() & bit) == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    if (major >= 9) programmatic.fetch_or(bit);
-    known.fetch_or(bit);
-  }
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(256);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = (programmatic.load() & bit) != 0 ? 1 : 0;
-  cudaLaunchKernelEx(&config, kernel, params);
-  check_launch("mla_combine_kernel");
-}
-
 template <typename T>
 void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel kernel, int num_parts, Combine combine,
                   cudaStream_t stream) {
@@ -682,7 +654,8 @@ void launch_typed(const DecodeParams& params, DType cache_dtype, DecodeKernel ke
     const int rows = params.tokens_per_request * params.num_heads;
     const dim3 grid(static_cast<unsigned>(params.num_requests),
                     static_cast<unsigned>(combine == Combine::wide ? rows : (rows + 7) / 8));
-    launch_combine(mla_combine_kernel<T>, grid, params, stream);
+    // the decode kernel's programmatic dependent (sm_90+): it ramps while the decode's last CTAs run
+    launch_dependent(mla_combine_kernel<T>, grid, dim3(256), stream, "mla_combine_kernel", params);
   }
 }
 
