@@ -59,8 +59,11 @@ std::string kernel_image_problem() {
                         "the default build is sm_90a).");
 }
 
-bool wgmma_kernels_available() {
-  static std::atomic<uint64_t> known{0}, available{0};
+namespace {
+// A property of the current device, queried once per device (query(device) -> bool); false when
+// there is no current device. known / value: one bit a device (device & 63).
+template <class Query>
+bool per_device(std::atomic<uint64_t>& known, std::atomic<uint64_t>& value, Query query) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -68,32 +71,32 @@ bool wgmma_kernels_available() {
   }
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((known.load() & bit) == 0) {
+    if (query(device)) value.fetch_or(bit);
+    known.fetch_or(bit);
+  }
+  return (value.load() & bit) != 0;
+}
+}  // namespace
+
+bool wgmma_kernels_available() {
+  static std::atomic<uint64_t> known{0}, available{0};
+  return per_device(known, available, [](int) {
     cudaFuncAttributes attributes{};
     const bool ok = cudaFuncGetAttributes(&attributes, wgmma_image_probe_kernel) == cudaSuccess;
     if (!ok) (void)cudaGetLastError();
-    if (ok && attributes.sharedSizeBytes == 0) available.fetch_or(bit);
-    known.fetch_or(bit);
-  }
-  return (available.load() & bit) != 0;
+    return ok && attributes.sharedSizeBytes == 0;
+  });
 }
 
 bool programmatic_launch_supported() {
   static std::atomic<uint64_t> known{0}, supported{0};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((known.load() & bit) == 0) {
+  return per_device(known, supported, [](int device) {
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
       (void)cudaGetLastError();
     }
-    if (major >= 9) supported.fetch_or(bit);
-    known.fetch_or(bit);
-  }
-  return (supported.load() & bit) != 0;
+    return major >= 9;
+  });
 }
 
 }  // namespace pagedattn::cuda
